@@ -1,0 +1,34 @@
+# One command for each job; each installs what it needs into .venv first (fast when done).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.fleetlite-installed
+PYTEST_ARGS ?=
+
+.PHONY: install test demo proto docs bench clean
+
+$(STAMP): setup.cfg pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[cpu,test]'
+	@touch $@
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+demo: $(STAMP)
+	$(VENV)/bin/fleetlite strategy validate configs/*.yaml configs/*.prototxt
+	$(VENV)/bin/fleetlite strategy show configs/resnet50_4x8_gpu.yaml
+	$(VENV)/bin/fleetlite strategy convert configs/resnet50_4x8_gpu.yaml /tmp/fleetlite_resnet50.prototxt
+	cat /tmp/fleetlite_resnet50.prototxt
+
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I. --python_out=. fleetlite/proto/strategy.proto
+
+docs: $(STAMP)
+	$(PY) -m fleetlite.reference_doc > docs/strategy_reference.md
+
+clean:
+	rm -rf $(VENV) build *.egg-info log

@@ -1,0 +1,74 @@
+"""The `fleetlite` command: inspect and convert strategy files (and explain compiles).
+
+Bad input ends with one line naming the cause and the fix, and exit status 2; never a traceback.
+"""
+import argparse
+import sys
+
+from fleetlite.errors import FleetliteError
+from fleetlite.strategy import DistributedStrategy
+
+def validate(args):
+    for path in args.files:
+        DistributedStrategy.load(path).validate()
+        print(f"{path}: ok")
+
+
+def show(args):
+    strategy = DistributedStrategy.load(args.file).validate()
+    print(f"{args.file}:")
+    print(strategy)
+
+
+def diff(args):
+    left, right = DistributedStrategy.load(args.left), DistributedStrategy.load(args.right)
+    differences = left.diff(right)
+    if not differences:
+        print("no differences")
+        return 0
+    width = max(len(field) for field, _, _ in differences)
+    print(f"{'field'.ljust(width)}  {args.left}  ->  {args.right}")
+    for field, a, b in differences:
+        print(f"{field.ljust(width)}  {a!r}  ->  {b!r}")
+    return 1
+
+
+def convert(args):
+    strategy = DistributedStrategy.load(args.source).validate()
+    strategy.save(args.destination)
+    print(f"wrote {args.destination}")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="fleetlite", description=__doc__.splitlines()[0])
+    top = parser.add_subparsers(dest="group", required=True)
+    group = top.add_parser("strategy", help="validate, show, diff or convert strategy files")
+    sub = group.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("validate", help="check files against the schema")
+    v.add_argument("files", nargs="+")
+    v.set_defaults(handler=validate)
+    s = sub.add_parser("show", help="print the fields that differ from the defaults")
+    s.add_argument("file")
+    s.set_defaults(handler=show)
+    d = sub.add_parser("diff", help="list the fields that differ (exit 1 if any)")
+    d.add_argument("left")
+    d.add_argument("right")
+    d.set_defaults(handler=diff)
+    c = sub.add_parser("convert", help="prototxt <-> YAML, by the file suffixes")
+    c.add_argument("source")
+    c.add_argument("destination")
+    c.set_defaults(handler=convert)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args) or 0
+    except FleetliteError as exc:
+        print(f"fleetlite: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
