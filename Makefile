@@ -30,5 +30,14 @@ proto: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m fleetlite.reference_doc > docs/strategy_reference.md
 
+BENCH_STAMP := $(VENV)/.fleetlite-bench-installed
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[cpu,test,bench]'
+	@touch $@
+
+bench: $(BENCH_STAMP)
+	cd benchmarks && ../$(PY) gradsync.py --json ../log/bench_gradsync.json
+	cd benchmarks && ../$(PY) step_overhead.py --json ../log/bench_step_overhead.json
+
 clean:
 	rm -rf $(VENV) build *.egg-info log

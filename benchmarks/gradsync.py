@@ -1,0 +1,69 @@
+"""Benchmark (a): gradient sync on ResNet-50's 161 parameter shapes, 2 processes over gloo.
+
+    .venv/bin/python benchmarks/gradsync.py [--rounds 9] [--json out.json]
+
+Contenders, interleaved in one run: fleetlite unfused (one all-reduce per gradient) and fused at
+4/16/32/64 MiB; raw static all_reduce_ per tensor; one flat all-reduce of a pre-packed buffer
+(the limit); Paddle dygraph DataParallel and PyTorch DDP with their defaults; torch's flat
+all-reduce. Prints medians and the ratios the targets are stated in.
+"""
+import argparse
+import json
+import statistics
+
+from harness import LoadCheck, WorkerGroup, print_table, run_interleaved, summary
+
+CONTENDERS = ["paddle_flat_limit", "torch_flat", "fleetlite_unfused", "fleetlite_4mb", "fleetlite_16mb",
+              "fleetlite_32mb", "fleetlite_64mb", "paddle_static_per_tensor", "paddle_dataparallel",
+              "torch_ddp"]
+PEERS = ["paddle_dataparallel", "torch_ddp", "paddle_static_per_tensor"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=3, help="samples per contender per round")
+    parser.add_argument("--only", nargs="*", default=None, help="a subset of contenders")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    names = args.only or CONTENDERS
+    groups = []
+    try:
+        for name in names:
+            groups.append(WorkerGroup(name, ["gradsync_worker.py", name]))
+        load = LoadCheck([p.pid for g in groups for p in g.processes])
+        medians = run_interleaved(groups, args.rounds, args.warmup, args.reps)
+        foreign = load.foreign_share()
+    finally:
+        for group in groups:
+            group.close()
+    limit = statistics.median(medians["paddle_flat_limit"]) if "paddle_flat_limit" in medians else None
+    rows = []
+    for name in names:
+        row = {"contender": name, **summary(medians[name])}
+        row["vs_limit"] = row["median_ms"] / limit if limit else None
+        rows.append(row)
+    fused = [r for r in rows if r["contender"].startswith("fleetlite_") and r["contender"] != "fleetlite_unfused"]
+    best = min(fused, key=lambda r: r["median_ms"]) if fused else None
+    print_table(f"Gradient sync, ResNet-50 shapes (161 tensors, 97.5 MiB), 2 procs, {args.rounds} rounds; "
+                f"foreign CPU load {foreign:.0%}", rows,
+                [("contender", "contender", "{}"), ("median_ms", "median ms", "{:.1f}"),
+                 ("min_ms", "min", "{:.1f}"), ("max_ms", "max", "{:.1f}"), ("vs_limit", "÷ flat limit", "{:.2f}")])
+    ratios = {}
+    if best:
+        ratios["best_fleetlite"] = best["contender"]
+        ratios["best_fused_vs_flat_limit"] = best["vs_limit"]
+        for peer in PEERS:
+            if peer in medians:
+                ratios[f"{peer}_vs_best_fused"] = statistics.median(medians[peer]) / best["median_ms"]
+        if "fleetlite_unfused" in medians:
+            ratios["unfused_vs_best_fused"] = statistics.median(medians["fleetlite_unfused"]) / best["median_ms"]
+    print("\nratios:", json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in ratios.items()}))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"rows": rows, "ratios": ratios, "foreign_load": foreign, "rounds": medians}, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Benchmark (b): data-parallel overhead of one training step (MLP 64-512-512-10, SGD).
+
+    .venv/bin/python benchmarks/step_overhead.py [--rounds 9] [--json out.json]
+
+For each framework, D = t(2 processes x B/2) / t(1 process x B/2), global batch B = 256, 20 steps
+per sample, everything interleaved in one run. D = 1 is perfect scaling of the per-rank work; the
+target is D(fleetlite) <= the best peer's D.
+"""
+import argparse
+import json
+import statistics
+
+from harness import LoadCheck, WorkerGroup, print_table, run_interleaved
+
+FRAMEWORKS = ["fleetlite", "paddle_dataparallel", "torch_ddp"]
+GLOBAL_BATCH = 256
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    half = str(GLOBAL_BATCH // 2)
+    groups = []
+    try:
+        for name in FRAMEWORKS:
+            groups.append(WorkerGroup(f"{name}:2procs", ["step_worker.py", name, half], world=2))
+            groups.append(WorkerGroup(f"{name}:1proc", ["step_worker.py", name, half], world=1))
+        load = LoadCheck([p.pid for g in groups for p in g.processes])
+        medians = run_interleaved(groups, args.rounds, args.warmup, args.reps)
+        foreign = load.foreign_share()
+    finally:
+        for group in groups:
+            group.close()
+    rows = []
+    for name in FRAMEWORKS:
+        two, one = medians[f"{name}:2procs"], medians[f"{name}:1proc"]
+        paired = [a / b for a, b in zip(two, one)]
+        rows.append({"framework": name, "t2": statistics.median(two), "t1": statistics.median(one),
+                     "D": statistics.median(paired), "D_min": min(paired), "D_max": max(paired),
+                     "samples_per_s_2procs": GLOBAL_BATCH * 20 / statistics.median(two) * 1000})
+    print_table(f"Training step overhead, MLP 64-512-512-10, global batch {GLOBAL_BATCH}, "
+                f"{args.rounds} rounds; foreign CPU load {foreign:.0%}", rows,
+                [("framework", "framework", "{}"), ("t2", "t 2 procs x B/2 (ms/20 steps)", "{:.1f}"),
+                 ("t1", "t 1 proc x B/2", "{:.1f}"), ("D", "D = t2/t1", "{:.2f}"),
+                 ("D_min", "D min", "{:.2f}"), ("D_max", "D max", "{:.2f}"),
+                 ("samples_per_s_2procs", "samples/s 2 procs", "{:.0f}")])
+    best_peer = min((r for r in rows if r["framework"] != "fleetlite"), key=lambda r: r["D"])
+    mine = next(r for r in rows if r["framework"] == "fleetlite")
+    ratios = {"D_fleetlite": mine["D"], "best_peer": best_peer["framework"], "D_best_peer": best_peer["D"],
+              "D_fleetlite_vs_best_peer": mine["D"] / best_peer["D"]}
+    print("\nratios:", json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in ratios.items()}))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"rows": rows, "ratios": ratios, "foreign_load": foreign, "rounds": medians}, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()
