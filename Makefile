@@ -36,6 +36,7 @@ $(BENCH_STAMP): $(STAMP)
 	@touch $@
 
 bench: $(BENCH_STAMP)
+	mkdir -p log
 	cd benchmarks && ../$(PY) gradsync.py --json ../log/bench_gradsync.json
 	cd benchmarks && ../$(PY) step_overhead.py --json ../log/bench_step_overhead.json
 
