@@ -30,6 +30,12 @@ NODE_RANK = "FLEETLITE_NODE_RANK"
 RESTART_COUNT = "FLEETLITE_RESTART_COUNT"
 ERROR_FILE = "FLEETLITE_ERROR_FILE"
 PROGRESS_FILE = "FLEETLITE_PROGRESS_FILE"
+# The pid of the fleetrun that started this worker: the worker dies with it (PR_SET_PDEATHSIG)
+# and exits at once if it was already gone when the worker started.
+LAUNCHER_PID = "FLEETLITE_LAUNCHER_PID"
+# Set to "1" by `fleetrun --explain`: the fleet API must not bring up a process group; it compiles
+# for read_topology(os.environ) (rank 0 of the planned job), prints the CompileReport, and exits 0.
+EXPLAIN_ONLY = "FLEETLITE_EXPLAIN_ONLY"
 
 
 def worker_env(topology, job_id="default", restart_count=0, error_file=None, progress_file=None):

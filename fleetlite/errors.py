@@ -66,3 +66,8 @@ class TopologyError(FleetliteError):
 
 class CompileError(FleetliteError):
     """A pass cannot be ordered, applied, or left the program in an invalid state."""
+
+
+class LaunchError(FleetliteError):
+    """fleetrun cannot start the job as asked: a bad flag, a failed pre-flight check (missing
+    script, this host not in --ips, a device that does not exist, a port in use)."""

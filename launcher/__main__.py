@@ -1,0 +1,5 @@
+import sys
+
+from fleetlite.launcher.main import main
+
+sys.exit(main())

@@ -1,0 +1,139 @@
+"""The worker's entry point: `python -u -m fleetlite.launcher.bootstrap script.py args...`.
+
+It runs the user's unchanged script as `__main__` and adds what the launcher needs:
+- the worker dies with its fleetrun, even a SIGKILLed one (PR_SET_PDEATHSIG);
+- an uncaught exception goes to the error file as well as to stderr, so the failure report can
+  show the traceback once without parsing logs;
+- every `Executor.run` and `Tensor.backward` entered bumps the progress file, so a collective
+  timeout can name the ranks that were behind;
+- SIGTERM (fleetrun stopping the job) ends the worker quietly, not with Paddle's crash report;
+- ranks on the store's host other than rank 0 wait until the store listens before they connect:
+  Paddle's store client retries only every 3 s, so connecting early costs seconds.
+The Paddle hooks are installed the moment the script imports paddle; a script that never does
+pays nothing for them.
+"""
+import ctypes
+import functools
+import importlib.abc
+import importlib.util
+import ipaddress
+import os
+import runpy
+import signal
+import sys
+import traceback
+
+from fleetlite import env_contract
+from fleetlite.launcher import ports, worker_records
+
+PR_SET_PDEATHSIG = 1
+STORE_WAIT_S = 60  # then connect anyway and let Paddle's own retries and errors speak
+
+
+def die_with_launcher(environ):
+    """Ask the kernel to SIGKILL this worker when its fleetrun dies. False if it already has."""
+    launcher = environ.get(env_contract.LAUNCHER_PID)
+    if not launcher:
+        return True
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    return os.getppid() == int(launcher)  # it may have died before prctl took effect
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls `callback(module)` right after module `name` is first imported."""
+
+    def __init__(self, name, callback):
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        execute = spec.loader.exec_module
+
+        def execute_then_call_back(module):
+            execute(module)
+            self.callback(module)
+
+        spec.loader.exec_module = execute_then_call_back
+        return spec
+
+
+def _count_entries(owner, name, progress):
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def counted(*args, **kwargs):
+        progress.enter_step()
+        return original(*args, **kwargs)
+
+    setattr(owner, name, counted)
+
+
+def _store_is_on_this_host(environ):
+    master_host = environ[env_contract.MASTER].rpartition(":")[0]
+    my_host = environ[env_contract.CURRENT_ENDPOINT].rpartition(":")[0]
+    try:
+        return master_host == my_host or ipaddress.ip_address(master_host).is_loopback
+    except ValueError:
+        return False
+
+
+def _wait_for_store_first(distributed, port):
+    original = distributed.init_parallel_env
+
+    @functools.wraps(original)
+    def init_parallel_env(*args, **kwargs):
+        ports.wait_until_listening(port, STORE_WAIT_S)
+        return original(*args, **kwargs)
+
+    distributed.init_parallel_env = init_parallel_env
+    distributed.parallel.init_parallel_env = init_parallel_env
+
+
+def instrument_paddle(paddle, environ):
+    # Paddle's fatal-signal handler turns fleetrun's SIGTERM into a C++ "FatalError: Termination
+    # signal" report, which would read like a crash in the log of every rank that was only stopped.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    progress_file = environ.get(env_contract.PROGRESS_FILE)
+    if progress_file:
+        progress = worker_records.ProgressWriter(progress_file)
+        _count_entries(paddle.static.Executor, "run", progress)
+        _count_entries(paddle.Tensor, "backward", progress)
+    if (environ.get(env_contract.TRAINER_ID, "0") != "0" and env_contract.MASTER in environ
+            and env_contract.CURRENT_ENDPOINT in environ and _store_is_on_this_host(environ)):
+        _wait_for_store_first(paddle.distributed, int(environ[env_contract.MASTER].rpartition(":")[2]))
+
+
+def _traceback_from(script, exc):
+    """The traceback without the frames of this bootstrap and runpy (from the script's first frame)."""
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_frame.f_code.co_filename != script:
+        frame = frame.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, frame or exc.__traceback__))
+
+
+def main(argv=None, environ=os.environ):
+    script, *args = sys.argv[1:] if argv is None else argv
+    if not die_with_launcher(environ):
+        return 1
+    sys.meta_path.insert(0, _AfterImport("paddle", lambda paddle: instrument_paddle(paddle, environ)))
+    script = os.path.abspath(script)
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(script)
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except Exception as exc:
+        text = _traceback_from(script, exc)
+        sys.stderr.write(text)
+        if environ.get(env_contract.ERROR_FILE):
+            worker_records.write_error(environ[env_contract.ERROR_FILE], exc, text)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

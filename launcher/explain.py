@@ -1,0 +1,31 @@
+"""`fleetrun --explain`: print the compile report of the script's strategy, train nothing.
+
+The script runs once, alone, with rank 0's environment of the planned job and
+FLEETLITE_EXPLAIN_ONLY=1. The fleet API then compiles for that topology without bringing up a
+process group, prints the CompileReport and exits, so a 32-rank job is explained on a laptop.
+"""
+import subprocess
+import sys
+
+from fleetlite import env_contract
+from fleetlite.errors import LaunchError
+from fleetlite.launcher.plan import job_port, pinned_port, plan_workers
+from fleetlite.launcher.preflight import check_script
+
+EXPLAIN_TIMEOUT_S = 600
+
+
+def explain(spec, environ, cpu_count):
+    """The exit status of the script run in explain-only mode."""
+    check_script(spec.script)
+    rank0 = plan_workers(spec, pinned_port(spec) or job_port(spec.job_id), environ, cpu_count)[0]
+    env = {name: value for name, value in rank0.env.items()
+           if name not in (env_contract.ERROR_FILE, env_contract.PROGRESS_FILE)}
+    env[env_contract.EXPLAIN_ONLY] = "1"
+    try:
+        return subprocess.run([sys.executable, spec.script, *spec.script_args], env=env,
+                              stdin=subprocess.DEVNULL, timeout=EXPLAIN_TIMEOUT_S).returncode
+    except subprocess.TimeoutExpired:
+        raise LaunchError(f"--explain: {spec.script} was still running after {EXPLAIN_TIMEOUT_S} s; "
+                          f"its fleet API must print the report and exit when "
+                          f"{env_contract.EXPLAIN_ONLY}=1") from None

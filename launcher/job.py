@@ -1,0 +1,106 @@
+"""One job as this host sees it: start the workers, supervise them, report, maybe restart.
+
+A restart replaces this host's whole group (all-or-nothing, like the first start) and tells
+the workers their restart count (FLEETLITE_RESTART_COUNT); the script resumes from its own
+checkpoint. Under --ssh the other hosts' fleetruns are started once: each restarts its own
+group with the same budget, and a host whose fleetrun gives up fails the job.
+"""
+import os
+import sys
+import time
+
+from fleetlite.launcher.failure_report import diagnose, exit_code, format_report, read_end
+from fleetlite.launcher.plan import plan_workers
+from fleetlite.launcher.spec import follower_argv
+from fleetlite.launcher.supervisor import GRACE_S, stop_processes, watch
+from fleetlite.launcher.transport import worker_command
+
+
+def format_table(header, rows):
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    return ["  " + "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
+            for row in (header, *rows)]
+
+
+def _tee_prefix(slot):
+    return f"[rank {slot.rank}] " if slot.rank == 0 else None
+
+
+class Job:
+    def __init__(self, spec, preflight, environ, local, stop, remote=None,
+                 cpu_count=None, grace=GRACE_S, err=None):
+        self.spec, self.preflight, self.environ = spec, preflight, environ
+        self.local, self.remote, self.stop, self.grace = local, remote, stop, grace
+        self.cpu_count = cpu_count or os.cpu_count() or 1
+        self.err = err or sys.stderr
+        self.slots = self._plan(0)  # a bad plan fails here, before anything starts
+
+    def _say(self, *lines):
+        for line in lines:
+            print(line, file=self.err, flush=True)
+
+    def _plan(self, attempt):
+        return plan_workers(self.spec, self.preflight.port, self.environ, self.cpu_count, attempt)
+
+    def _start_other_hosts(self):
+        if self.remote is None:
+            return []
+        remotes = []
+        for host in self.spec.ips[1:]:
+            process = self.remote.start(host, follower_argv(self.spec, host, self.preflight.port))
+            ranks = [s.rank for s in self.slots if s.host == host]
+            self._say(f"fleetrun: ranks {ranks[0]}-{ranks[-1]} on {host}: started its fleetrun over "
+                      f"ssh (pid {process.pid}); it prints its own table and report")
+            remotes.append(process)
+        return remotes
+
+    def _start_table(self, workers, attempt):
+        spec, hosts = self.spec, len(self.spec.ips)
+        title = (f"fleetrun: job {spec.job_id}: {len(self.slots)} workers on {hosts} "
+                 f"host{'s' if hosts > 1 else ''}, rank 0's store at {self.slots[0].endpoint}, "
+                 f"attempt {attempt + 1} of {spec.max_restarts + 1}")
+        rows = [(w.slot.rank, w.slot.host, w.slot.device, w.slot.endpoint, w.pid,
+                 w.slot.log_path + (" (tee'd below)" if w.teed else "")) for w in workers]
+        lines = [title] + format_table(("rank", "host", "device", "endpoint", "pid", "log"), rows)
+        if any(w.slot.device == "cpu" for w in workers):
+            threads = workers[0].slot.env
+            lines.append(f"  CPU workers: OMP_NUM_THREADS={threads['OMP_NUM_THREADS']} "
+                         f"KMP_BLOCKTIME={threads['KMP_BLOCKTIME']} (export either to change it)")
+        self._say(*lines)
+
+    def _attempt(self, attempt, remotes):
+        """Run this host's group once; returns (exit code, whether to restart)."""
+        slots = [s for s in self._plan(attempt) if s.host == self.preflight.this_host]
+        command = worker_command(self.spec)
+        workers = [self.local.start(slot, command, _tee_prefix(slot)) for slot in slots]
+        self._start_table(workers, attempt)
+        live = workers + [r for r in remotes if r.poll() is None]
+        ended = watch(live, self.stop)
+        failures = [e for e in ended if e.returncode != 0]
+        restart = (bool(failures) and not self.stop.is_set() and attempt < self.spec.max_restarts
+                   and all(e.process in workers for e in failures))
+        done = {e.process for e in ended}
+        ended += stop_processes([p for p in live if p not in done and (p in workers or not restart)],
+                                self.stop, self.grace)
+        for worker in workers:
+            worker.close()
+        diagnosis = diagnose([read_end(e) for e in ended], blame_victims=not self.stop.is_set())
+        if self.stop.is_set() and diagnosis.root is None:
+            self._say(f"fleetrun: stopped by {self.stop.reason}")
+        self._say(*format_report(diagnosis, time.time()))
+        return exit_code(diagnosis, self.stop.signum), restart
+
+    def run(self):
+        remotes = self._start_other_hosts()
+        try:
+            for attempt in range(self.spec.max_restarts + 1):
+                code, restart = self._attempt(attempt, remotes)
+                if not restart:
+                    break
+                self._say(f"fleetrun: restarting this host's workers "
+                          f"(restart {attempt + 1} of {self.spec.max_restarts})")
+        finally:
+            for remote in remotes:
+                remote.close()
+        self._say(f"fleetrun: {'job succeeded' if code == 0 else f'job failed, exit code {code}'}")
+        return code

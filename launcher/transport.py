@@ -1,0 +1,108 @@
+"""Starting processes: this host's workers, and the other hosts' fleetruns over ssh.
+
+Every process gets its own session, so a Ctrl-C in the terminal reaches only fleetrun, which
+then stops the job in order, and a signal to the process group also reaches the worker's own
+children. Workers are spawned from the main thread only: PR_SET_PDEATHSIG (set by the
+bootstrap) fires when the *thread* that spawned the worker ends, not just the process.
+
+The supervisor sees both kinds through the same four calls (poll, terminate, kill, close), so
+tests can hand it anything that has them.
+"""
+import os
+import shlex
+import signal
+import subprocess
+import sys
+
+from fleetlite import env_contract
+from fleetlite.launcher import worker_records
+from fleetlite.launcher.log_tee import LogTee
+
+
+class Process:
+    """A started process and its process group."""
+
+    def __init__(self, name, host, popen, slot=None, log_start=0, tee=None):
+        self.name, self.host, self.slot, self.log_start = name, host, slot, log_start
+        self._popen, self._tee = popen, tee
+
+    @property
+    def pid(self):
+        return self._popen.pid
+
+    @property
+    def teed(self):
+        return self._tee is not None
+
+    def poll(self):
+        return self._popen.poll()
+
+    def _signal_group(self, signum):
+        try:
+            os.killpg(self._popen.pid, signum)
+        except ProcessLookupError:  # the group is already empty
+            pass
+
+    def terminate(self):
+        self._signal_group(signal.SIGTERM)
+
+    def kill(self):
+        self._signal_group(signal.SIGKILL)
+
+    def close(self):
+        """After the process ended: kill what it left in its group, finish the console copy."""
+        self.kill()
+        if self._tee:
+            self._tee.stop()
+
+
+class RemoteFleetrun(Process):
+    """fleetrun on another host, started over ssh with --follow_stdin."""
+
+    def terminate(self):
+        """Close its stdin: the remote fleetrun stops its workers and reports, then exits (a
+        SIGTERM would kill the ssh client and lose that report)."""
+        if self._popen.stdin and not self._popen.stdin.closed:
+            self._popen.stdin.close()
+
+
+def worker_command(spec, python=sys.executable):
+    return [python, "-u", "-m", "fleetlite.launcher.bootstrap", spec.script, *spec.script_args]
+
+
+class LocalTransport:
+    """Starts this host's workers, each writing to its own log file."""
+
+    def __init__(self, console=None):
+        self._console = console if console is not None else sys.stdout.buffer
+
+    def start(self, slot, command, tee_prefix=None):
+        worker_records.clear_records(slot.error_file, slot.progress_file)
+        os.makedirs(os.path.dirname(slot.log_path) or ".", exist_ok=True)
+        restart = int(slot.env[env_contract.RESTART_COUNT])
+        with open(slot.log_path, "ab" if restart else "wb") as log:
+            if restart:
+                log.write(f"===== fleetrun: restart {restart} =====\n".encode())
+                log.flush()
+            log_start = log.tell()
+            popen = subprocess.Popen(
+                command, env={**slot.env, env_contract.LAUNCHER_PID: str(os.getpid())},
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        tee = LogTee(slot.log_path, log_start, tee_prefix, self._console).start() if tee_prefix else None
+        return Process(f"rank {slot.rank}", slot.host, popen, slot, log_start, tee)
+
+
+class SshTransport:
+    """Starts fleetrun on another host as `<ssh command> <host> <remote command>`; its output
+    comes back on this console. The remote side runs the same python and working directory."""
+
+    def __init__(self, ssh_command, python=sys.executable, cwd=None):
+        self._ssh_command, self._python = list(ssh_command), python
+        self._cwd = cwd or os.getcwd()
+
+    def start(self, host, fleetrun_argv):
+        remote = (f"cd {shlex.quote(self._cwd)} && exec {shlex.quote(self._python)} -u -m "
+                  f"fleetlite.launcher {shlex.join(fleetrun_argv)}")
+        popen = subprocess.Popen([*self._ssh_command, host, remote], stdin=subprocess.PIPE,
+                                 start_new_session=True)
+        return RemoteFleetrun(f"fleetrun on {host}", host, popen)

@@ -1,0 +1,275 @@
+"""fleetrun's parts one at a time: pre-flight rules, ports, worker records, the failure report,
+supervision with stand-in processes, the console tee and the worker bootstrap."""
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fleetlite.errors import LaunchError
+from fleetlite.launcher import ports
+from fleetlite.launcher.failure_report import WorkerEnd, diagnose, exit_code, format_report
+from fleetlite.launcher.log_tee import LogTee
+from fleetlite.launcher.preflight import check_devices, find_this_host, visible_gpu_count
+from fleetlite.launcher.supervisor import StopRequest, stop_processes, watch
+from fleetlite.launcher.worker_records import (ErrorRecord, Progress, ProgressWriter, read_error,
+                                               read_progress, write_error)
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "launcher_scripts")
+
+# --- pre-flight ------------------------------------------------------------------------------
+
+
+def test_this_host_is_found_by_address_hostname_or_flag():
+    assert find_this_host(("10.0.0.9", "10.0.0.1"), None, {"10.0.0.1"}, "node") == "10.0.0.1"
+    assert find_this_host(("a", "node"), None, set(), "node") == "node"
+    assert find_this_host(("10.0.0.1", "127.0.0.2"), None, set(), "node") == "127.0.0.2"  # 127/8 is local
+    assert find_this_host(("127.0.0.1", "127.0.0.2"), "127.0.0.2", set(), "node") == "127.0.0.2"
+
+
+@pytest.mark.parametrize("ips, host, message", [
+    (("10.0.0.8", "10.0.0.9"), None, "this host .* is not in --ips 10.0.0.8,10.0.0.9"),
+    (("127.0.0.1", "127.0.0.2"), None, "several hosts in --ips are this machine .* pass --host"),
+    (("127.0.0.1",), "127.0.0.3", "--host 127.0.0.3 is not in --ips 127.0.0.1"),
+])
+def test_this_host_errors(ips, host, message):
+    with pytest.raises(LaunchError, match=message):
+        find_this_host(ips, host, {"10.0.0.1"}, "node")
+
+
+def test_gpu_ids_are_checked_against_the_visible_devices():
+    assert visible_gpu_count({"CUDA_VISIBLE_DEVICES": "3,5"}) == 2
+    assert visible_gpu_count({"CUDA_VISIBLE_DEVICES": ""}) == 0
+    check_devices((0, 1), 2, {})
+    check_devices(None, 0, {})
+    with pytest.raises(LaunchError, match="no visible GPU.*--nproc_per_node"):
+        check_devices((0,), 0, {})
+    with pytest.raises(LaunchError, match="device 2 but this host has 2 visible GPUs, ids 0..1 "
+                                          r"\(ids are relative to CUDA_VISIBLE_DEVICES=3,5\)"):
+        check_devices((0, 2), 2, {"CUDA_VISIBLE_DEVICES": "3,5"})
+
+
+# --- ports -----------------------------------------------------------------------------------
+
+TCP_TABLE = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000:181A 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1
+   1: 0100007F:181B 0100007F:C670 01 00000000:00000000 00:00000000 00000000     0        0 2 3
+   2: 0100007F:181C 0100007F:C674 06 00000000:00000000 00:00000000 00000000     0        0 0 2
+"""
+
+
+@pytest.fixture
+def tcp_table(tmp_path):
+    path = tmp_path / "tcp"
+    path.write_text(TCP_TABLE)
+    return (str(path), str(tmp_path / "no_tcp6"))
+
+
+def test_ports_in_use_come_from_the_tcp_table_not_time_wait(tcp_table):
+    assert ports.parse_tcp_table(TCP_TABLE) == [(6170, "0A"), (6171, "01"), (6172, "06")]
+    assert ports.ports_in_use(tcp_table) == {6170, 6171}
+    assert ports.is_listening(6170, tcp_table) and not ports.is_listening(6171, tcp_table)
+
+
+def test_a_reserved_port_is_exclusive_until_released(tmp_path, tcp_table):
+    first = ports.reserve_port(6180, "job-a", "pick another", str(tmp_path), tcp_table)
+    with pytest.raises(LaunchError, match=f"port 6180 .* reserved by a running fleetrun "
+                                          f"\\(pid {os.getpid()} job job-a\\): pick another"):
+        ports.reserve_port(6180, "job-b", "pick another", str(tmp_path), tcp_table)
+    with pytest.raises(LaunchError, match="port 6170 .* already in use on this host: pick another"):
+        ports.reserve_port(6170, "job-b", "pick another", str(tmp_path), tcp_table)
+    first.release()
+    ports.reserve_port(6180, "job-b", "pick another", str(tmp_path), tcp_table).release()
+
+
+def test_two_jobs_picking_free_ports_get_different_ones(tmp_path, tcp_table):
+    first = ports.reserve_free_port(6170, "a", str(tmp_path), tcp_table)
+    second = ports.reserve_free_port(6170, "b", str(tmp_path), tcp_table)
+    assert (first.port, second.port) == (6172, 6173)  # 6170-6171 in use, 6172 only in TIME_WAIT
+
+
+def test_wait_until_listening_sees_a_real_listener_and_has_a_deadline():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        port = server.getsockname()[1]
+        assert not ports.wait_until_listening(port, timeout=0.1)
+        server.listen()
+        assert ports.wait_until_listening(port, timeout=5)
+
+
+# --- worker records --------------------------------------------------------------------------
+
+
+def test_error_and_progress_records_round_trip(tmp_path):
+    error_file, progress_file = tmp_path / "e.json", tmp_path / "p"
+    assert read_error(error_file) is None and read_progress(progress_file) is None
+    write_error(error_file, ValueError("boom"), "Traceback ...\nValueError: boom\n")
+    record = read_error(error_file)
+    assert (record.exception, record.message, record.traceback) == \
+        ("ValueError", "boom", "Traceback ...\nValueError: boom\n")
+    progress = ProgressWriter(str(progress_file))
+    for _ in range(12):
+        progress.enter_step()
+    assert read_progress(progress_file).steps == 12
+
+
+# --- failure report --------------------------------------------------------------------------
+
+PEER_GONE = ErrorRecord("RuntimeError", "[/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:576] "
+                        "Read error [127.0.0.1]:1: Connection reset by peer", "Traceback\n...", 10.5)
+TIMED_OUT = ErrorRecord("RuntimeError", "std::exception", "Traceback\n...", 40.0)
+BOOM = ErrorRecord("ValueError", "boom", "Traceback (most recent call last):\nValueError: boom\n", 10.2)
+
+
+def end(rank, returncode, time_seen, **fields):
+    return WorkerEnd(name=f"rank {rank}", host="127.0.0.1", pid=100 + rank, rank=rank,
+                     returncode=returncode, time=time_seen, log_path=f"log/workerlog.{rank}", **fields)
+
+
+def test_the_root_cause_is_the_earliest_failure_that_is_not_a_victim():
+    ends = [end(0, 1, 10.6, error=PEER_GONE), end(1, 1, 10.6, error=BOOM, log_tail=("step 3",)),
+            end(2, -15, 10.7, stopped=True), end(3, 1, 11.0, stopped=True, error=PEER_GONE)]
+    diagnosis = diagnose(ends)
+    assert diagnosis.root.rank == 1
+    assert [e.rank for e in diagnosis.victims] == [0, 3] and [e.rank for e in diagnosis.stopped] == [2]
+    assert exit_code(diagnosis) == 1
+    report = "\n".join(format_report(diagnosis, now=12.0))
+    assert report.count("ValueError: boom") == 2  # the summary line and the traceback's last line
+    assert report.splitlines()[0] == "fleetrun: root cause: rank 1 on 127.0.0.1 (pid 101) exited with code 1"
+    assert "last 1 lines of log/workerlog.1:\n    step 3" in report
+    assert "victims (a collective failed because a peer was gone): rank 0 (RuntimeError: " in report
+    assert "stopped by fleetrun: rank 2" in report
+
+
+def test_a_rank_killed_by_a_signal_exits_as_the_shell_would():
+    diagnosis = diagnose([end(0, 1, 3.0, error=PEER_GONE), end(1, -9, 2.9)])
+    assert diagnosis.root.rank == 1 and exit_code(diagnosis) == 137
+    assert format_report(diagnosis, now=4.0)[0].endswith("was killed by SIGKILL")
+
+
+def test_a_timeout_with_no_other_failure_names_the_ranks_that_were_behind():
+    ends = [end(0, 1, 40.1, error=TIMED_OUT, progress=Progress(11, 10.0)),
+            end(1, -15, 40.2, stopped=True, progress=Progress(10, 9.5)),
+            end(2, -15, 40.2, stopped=True, progress=Progress(11, 10.0))]
+    diagnosis = diagnose(ends)
+    assert diagnosis.root.rank == 0 and [e.rank for e in diagnosis.behind] == [1]
+    report = "\n".join(format_report(diagnosis, now=40.5))
+    assert "after a collective failed; no rank on this host failed on its own" in report
+    assert ("likely cause, ranks that had not reached the collective rank 0 waited in: "
+            "rank 1 (entered 10 of 11 steps, the last 31.0 s ago)") in report
+
+
+def test_a_teed_root_cause_points_at_its_output_instead_of_repeating_it():
+    diagnosis = diagnose([end(0, 1, 1.0, error=BOOM, teed=True, log_tail=("x",))])
+    report = "\n".join(format_report(diagnosis, now=2.0))
+    assert "its output, traceback included, is above (the lines prefixed [rank 0])" in report
+    assert "Traceback" not in report and "last 1 lines" not in report
+
+
+def test_a_job_stopped_from_outside_blames_no_victim():
+    ends = [end(0, 1, 1.0, error=PEER_GONE), end(1, -15, 1.1, stopped=True)]
+    diagnosis = diagnose(ends, blame_victims=False)
+    assert diagnosis.root is None and [e.rank for e in diagnosis.victims] == [0]
+    assert exit_code(diagnosis, stop_signum=15) == 143
+    assert exit_code(diagnose([end(0, 0, 1.0)])) == 0
+
+
+# --- supervision, with stand-in processes ----------------------------------------------------
+
+
+class StandIn:
+    """A process that ends with `code` after `polls` polls, or, once terminated, after
+    `term_polls` (None: ignores SIGTERM, dies on kill)."""
+
+    def __init__(self, name, code=None, polls=0, term_polls=0):
+        self.name, self.code, self.polls, self.term_polls = name, code, polls, term_polls
+        self.signals, self.returncode = [], None
+
+    def poll(self):
+        if self.returncode is None:
+            self.polls -= 1
+            if self.code is not None and self.polls < 0:
+                self.returncode = self.code
+            if "TERM" in self.signals and self.term_polls is not None:
+                self.term_polls -= 1
+                if self.term_polls < 0:
+                    self.returncode = -15
+            if "KILL" in self.signals:
+                self.returncode = -9
+        return self.returncode
+
+    def terminate(self):
+        self.signals.append("TERM")
+
+    def kill(self):
+        self.signals.append("KILL")
+
+
+def test_watch_returns_at_the_first_failure_and_stop_escalates_to_kill():
+    ok, failing = StandIn("ok", code=0, polls=1), StandIn("failing", code=1, polls=2)
+    polite, stubborn = StandIn("polite", term_polls=1), StandIn("stubborn", term_polls=None)
+    stop = StopRequest()
+    ended = watch([ok, failing, polite, stubborn], stop, poll_interval=0.001)
+    assert [(e.process.name, e.returncode, e.stopped) for e in ended] == [("ok", 0, False), ("failing", 1, False)]
+    started = time.monotonic()
+    ended = stop_processes([polite, stubborn], stop, grace=0.2, kill_wait=1.0, poll_interval=0.001)
+    assert 0.2 <= time.monotonic() - started < 1.0
+    assert [(e.process.name, e.returncode, e.stopped) for e in ended] == \
+        [("polite", -15, True), ("stubborn", -9, True)]
+    assert stubborn.signals == ["TERM", "KILL"]
+
+
+def test_watch_returns_when_all_succeed_or_a_stop_is_requested():
+    assert [e.returncode for e in watch([StandIn("a", 0), StandIn("b", 0, polls=3)], StopRequest(),
+                                        poll_interval=0.001)] == [0, 0]
+    stop = StopRequest()
+    stop.request(2)
+    assert watch([StandIn("running")], stop) == [] and stop.reason == "SIGINT"
+
+
+def test_a_second_stop_request_skips_the_grace_period():
+    stop = StopRequest()
+    stop.request(2)
+    stop.request(2)
+    started = time.monotonic()
+    stop_processes([StandIn("stubborn", term_polls=None)], stop, grace=30, poll_interval=0.001)
+    assert time.monotonic() - started < 1
+
+
+# --- console tee -----------------------------------------------------------------------------
+
+
+def test_the_tee_prefixes_whole_lines_and_flushes_an_unterminated_last_line(tmp_path):
+    log = tmp_path / "workerlog.0"
+    log.write_bytes(b"before start\n")
+    console = io.BytesIO()
+    tee = LogTee(str(log), log.stat().st_size, "[rank 0] ", console, poll_interval=0.01).start()
+    with open(log, "ab") as out:
+        out.write("héllo\nwor".encode())
+        out.flush()
+        time.sleep(0.05)
+        out.write(b"ld\nlast")
+    tee.stop()
+    assert console.getvalue().decode() == "[rank 0] héllo\n[rank 0] world\n[rank 0] last\n"
+
+
+# --- the worker bootstrap --------------------------------------------------------------------
+
+
+def test_bootstrap_records_the_scripts_traceback_without_its_own_frames(tmp_path):
+    error_file = tmp_path / "error.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "fleetlite.launcher.bootstrap", os.path.join(SCRIPTS, "raises.py"), "x"],
+        env={**os.environ, "FLEETLITE_ERROR_FILE": str(error_file)},
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.startswith("Traceback (most recent call last):\n  File \"" + SCRIPTS)
+    assert "runpy" not in result.stderr and "bootstrap" not in result.stderr
+    record = json.loads(error_file.read_text())
+    assert (record["exception"], record["message"], record["traceback"]) == \
+        ("KeyError", "'argument x'", result.stderr)
