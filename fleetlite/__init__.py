@@ -11,3 +11,16 @@ from fleetlite.errors import (CompileError, FleetliteError, StrategyConflictErro
 from fleetlite.strategy import BuildStrategy, DistributedStrategy, ExecutionStrategy  # noqa: E402
 from fleetlite.topology import Topology  # noqa: E402
 from fleetlite.version import __version__  # noqa: E402
+
+# The training API imports Paddle (about a second); fleetrun and the strategy commands do
+# not need it, so these names load on first use.
+_API = ("init", "distributed_optimizer", "DistributedOptimizer", "worker_index", "worker_num",
+        "is_first_worker", "worker_endpoints", "local_rank", "local_size", "node_num",
+        "barrier_worker")
+
+
+def __getattr__(name):
+    if name in _API:
+        from fleetlite import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'fleetlite' has no attribute '{name}'")

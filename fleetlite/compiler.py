@@ -1,0 +1,165 @@
+"""compile(): turn a strategy into a data-parallel rewrite of a static program.
+
+Runs between backward and the optimizer update (`minimize` is backward -> compile ->
+apply_gradients), so everything the optimizer adds (gradient clipping, weight decay, the
+update ops) reads the reduced gradients. Steps:
+1. validate the strategy against the topology;
+2. instantiate the registered passes and keep those whose knob is on;
+3. check `requires` and `conflicts` (errors name both fields), then order the passes: by
+   phase, then declared before/after edges, then registry position (a cycle is an error
+   naming its passes);
+4. per pass: skip it with a reason if it (or a pass it requires) is a no-op here — an error
+   under `strict` when the user set one of its fields — else apply it, check that every op
+   it created carries its name, and check the invariants;
+5. report requested knobs that no pass reads, and on CPU run the gloo guard.
+A failure inside a pass is re-raised as "in pass X (after A, B)".
+"""
+import heapq
+
+from fleetlite import invariants, program_edit
+from fleetlite.compile_report import APPLIED, OFF, SKIPPED, CompileReport, PassRecord
+from fleetlite.errors import CompileError, FleetliteError, StrategyConflictError
+from fleetlite.knob_accounting import unclaimed_knobs
+from fleetlite.strategies import REGISTRY
+from fleetlite.strategies.base import CompileContext, GradientSync
+
+
+def compile(program, params_grads, strategy, topology, registry=REGISTRY):
+    """Rewrite `program` for `topology`; returns ([GradientSync], CompileReport).
+
+    Each GradientSync's `synced` is the value the optimizer must read for its parameter.
+    """
+    strategy.validate(topology)
+    passes = [cls(strategy) for cls in registry]
+    enabled = [p for p in passes if p.enabled()]
+    check_combination(enabled)
+    context = CompileContext(program, strategy, topology, gradients_in_ready_order(program, params_grads))
+    report = CompileReport(topology.describe())
+    requested = set(strategy.non_default())
+    skipped, done = {}, []
+    for order, current in enumerate(order_passes(enabled), 1):
+        reason = _skip_reason(current, skipped, topology, program)
+        if reason:
+            if strategy.strict and requested & set(current.reads):
+                raise CompileError(f"strict: {current.name} was requested but does nothing here: {reason}; "
+                                   f"change the strategy or set strict: false")
+            skipped[current.name] = reason
+            report.records.append(PassRecord(current.name, current.phase.name, SKIPPED, current.config(),
+                                             order, reason=reason))
+            continue
+        report.records.append(_run(current, context, order, done))
+        done.append(current.name)
+    report.records += [PassRecord(p.name, p.phase.name, OFF, p.config()) for p in passes if not p.enabled()]
+    claimed = {field for p in passes for field in p.reads}
+    for knob, reason in unclaimed_knobs(strategy, claimed):
+        if strategy.strict:
+            raise CompileError(f"strict: {knob} was requested but {reason}; remove it or set strict: false")
+        report.records.append(PassRecord(knob, "-", SKIPPED, reason=reason))
+    if topology.device == "cpu":
+        invariants.check_gloo(context.block)
+    report.buckets = [b.describe(context.gradients) for b in context.buckets]
+    used = {program_edit.int_attr(op, "ring_id") for op in context.block.ops} - {None}
+    report.rings = [ring.describe(topology.rank) for ring in context.rings if ring.ring_id in used]
+    report.runtime_flags = dict(context.runtime_flags)
+    return context.gradients, report
+
+
+def gradients_in_ready_order(program, params_grads):
+    """GradientSync per trainable (param, grad), ordered by when backward produces the grad."""
+    position = {op.id(): i for i, op in enumerate(program.global_block().ops)}
+    pairs = [(p, g) for p, g in params_grads if g is not None]
+    pairs.sort(key=lambda pg: (position[pg[1].get_defining_op().id()], pg[1].index()))
+    return [GradientSync(p.name, p, g, g, ready) for ready, (p, g) in enumerate(pairs)]
+
+
+def check_combination(enabled):
+    """Every `requires` is on and no two enabled passes conflict."""
+    names = {p.name for p in enabled}
+    for p in enabled:
+        for needed in p.requires:
+            if needed not in names:
+                raise StrategyConflictError(f"'{p.name}' needs '{needed}', which is off",
+                                            field=p.name, fix=f"turn '{needed}' on, or '{p.name}' off")
+        for other, reason in p.conflicts.items():
+            if other in names:
+                raise StrategyConflictError(f"'{p.name}' and '{other}' cannot be used together: {reason}",
+                                            field=p.name, fix=f"turn '{p.name}' or '{other}' off")
+
+
+def order_passes(passes):
+    """Stable topological order: phase, then declared edges, then registry position."""
+    index = {p.name: i for i, p in enumerate(passes)}
+    by_name = {p.name: p for p in passes}
+    edges = {p.name: set() for p in passes}
+    for p in passes:
+        for earlier in (*p.after, *p.requires):
+            if earlier in by_name:
+                edges[earlier].add(p.name)
+        for later in p.before:
+            if later in by_name:
+                edges[p.name].add(later)
+    for first, seconds in edges.items():
+        for second in seconds:
+            if by_name[first].phase > by_name[second].phase:
+                raise CompileError(f"pass '{first}' ({by_name[first].phase.name}) is declared to run before "
+                                   f"'{second}' ({by_name[second].phase.name}), against the phase order")
+    waiting = {name: 0 for name in by_name}
+    for seconds in edges.values():
+        for second in seconds:
+            waiting[second] += 1
+    ready = [(by_name[n].phase, index[n], n) for n, count in waiting.items() if count == 0]
+    heapq.heapify(ready)
+    ordered = []
+    while ready:
+        _, _, name = heapq.heappop(ready)
+        ordered.append(by_name[name])
+        for second in edges[name]:
+            waiting[second] -= 1
+            if waiting[second] == 0:
+                heapq.heappush(ready, (by_name[second].phase, index[second], second))
+    if len(ordered) < len(passes):
+        raise CompileError("passes declare a cycle: " + " -> ".join(_cycle(edges, set(by_name) - {p.name for p in ordered})))
+    return ordered
+
+
+def _cycle(edges, stuck):
+    """One cycle among the `stuck` passes (each has a stuck predecessor), as a closed list."""
+    path, current = [], min(stuck)
+    while current not in path:
+        path.append(current)
+        current = min(n for n in stuck if current in edges[n])
+    cycle = path[path.index(current):] + [current]
+    return cycle[::-1]
+
+
+def _skip_reason(current, skipped, topology, program):
+    for needed in current.requires:
+        if needed in skipped:
+            return f"needs {needed}, which was skipped ({skipped[needed]})"
+    return current.applicable(topology, program)
+
+
+def _run(current, context, order, done):
+    block = context.block
+    before = {op.id(): op.name() for op in block.ops}
+    context.current_pass = current.name
+    where = f"in pass {current.name}" + (f" (after {', '.join(done)})" if done else "")
+    try:
+        result = current.apply(context)
+        after = block.ops
+        added = [op for op in after if op.id() not in before]
+        untagged = [op.name() for op in added if program_edit.provenance(op) != current.name]
+        if untagged:
+            raise CompileError(f"created ops without its provenance tag: {', '.join(untagged)}")
+        invariants.check_all(context)
+    except FleetliteError as exc:
+        raise CompileError(f"{where}: {exc}") from exc
+    except Exception as exc:
+        raise CompileError(f"{where}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        context.current_pass = None
+    remaining = {op.id() for op in after}
+    removed = [name for op_id, name in before.items() if op_id not in remaining]
+    return PassRecord(current.name, current.phase.name, APPLIED, current.config(), order,
+                      summary=result.summary, ops_added=[op.name() for op in added],
+                      ops_removed=removed, details=result.details)

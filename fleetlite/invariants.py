@@ -1,0 +1,136 @@
+"""What must hold of a program after every pass, so a broken rewrite fails at the pass that
+broke it instead of as wrong numbers many steps later.
+
+- nothing is read before it is written (an op inserted at the wrong point reads garbage);
+- every collective names a ring some pass registered;
+- every trainable gradient reaches the optimizer summed over the world exactly once and
+  scaled once (found by walking back from the value the optimizer reads to the gradient:
+  each path must multiply the group sizes of its sums to the world size);
+- on CPU, after lowering, the program only uses what gloo runs correctly (`check_gloo`).
+"""
+import math
+
+import paddle
+
+from fleetlite import program_edit
+from fleetlite.errors import CompileError
+
+SUMMING = ("pd_op.all_reduce", "pd_op.all_reduce_", "pd_op.reduce_scatter")
+SCALING = ("pd_op.scale", "pd_op.scale_")
+AVG = 4   # reduce_type gloo rejects
+
+
+def check_all(context):
+    check_defined_before_use(context.block)
+    check_rings_registered(context)
+    check_gradients_reduced_once(context)
+
+
+def check_defined_before_use(block):
+    position = {op.id(): i for i, op in enumerate(block.ops)}
+    for i, op in enumerate(block.ops):
+        for source in op.operands_source():
+            producer = source.get_defining_op()
+            if producer is not None and position.get(producer.id(), -1) >= i:
+                raise CompileError(f"{op.name()} (op {i}) reads a value that {producer.name()} "
+                                   f"(op {position[producer.id()]}) only writes later")
+
+
+def check_rings_registered(context):
+    for op in context.block.ops:
+        for attr in ("ring_id", program_edit.EMULATES):
+            ring = program_edit.int_attr(op, attr)
+            if ring is not None and ring not in context.rings:
+                raise CompileError(f"{op.name()} uses ring {ring}, which no pass registered")
+
+
+def check_gradients_reduced_once(context):
+    world = context.topology.world_size if context.reduced else 1
+    scale = context.gradient_scale if context.reduced and context.gradient_scale is not None else 1.0
+    for grad in context.gradients:
+        paths = _paths(grad.synced, grad.grad, context.rings, {})
+        if not paths:
+            raise CompileError(f"the optimizer would read a value that does not derive from the gradient of {grad.name}")
+        for summed_over, scaled_by in paths:
+            if summed_over != world:
+                raise CompileError(f"the gradient of {grad.name} is summed over {summed_over} ranks on its way to "
+                                   f"the optimizer, expected {world} (the world, exactly once)")
+            if not math.isclose(scaled_by, scale, rel_tol=1e-6):
+                raise CompileError(f"the gradient of {grad.name} is scaled by {scaled_by:g}, expected {scale:g}")
+
+
+def _paths(value, target, rings, memo):
+    """{(ranks summed, scale)} over the paths from `target` to `value` through fleetlite's ops."""
+    if value.is_same(target):
+        return {(1, 1.0)}
+    if program_edit.key(value) in memo:
+        return memo[program_edit.key(value)]
+    memo[program_edit.key(value)] = set()
+    op = value.get_defining_op()
+    found = set()
+    if op is not None and program_edit.provenance(op) is not None:
+        summed, scaled = _effect(op, rings)
+        for source in op.operands_source():
+            if source.get_defining_op() is not None or source.is_same(target):
+                found |= {(n * summed, s * scaled) for n, s in _paths(source, target, rings, memo)}
+    memo[program_edit.key(value)] = found
+    return found
+
+
+def _effect(op, rings):
+    """(how many ranks' values the op sums together, the factor it scales by)."""
+    if op.name() in SUMMING:
+        ring = program_edit.int_attr(op, program_edit.EMULATES, program_edit.int_attr(op, "ring_id"))
+        return rings[ring].group_size, 1.0
+    if op.name() in SCALING:
+        return 1, op.operand_source(1).get_defining_op().attrs()["value"]
+    return 1, 1.0
+
+
+def check_gloo(block):
+    """Reject what gloo would get silently wrong or cannot run (each measured on Paddle 3.3.1)."""
+    for op in block.ops:
+        name, ring = op.name(), program_edit.int_attr(op, "ring_id")
+        if ring not in (None, 0):
+            raise CompileError(f"{name} uses ring {ring} on CPU: a process has one static communicator "
+                               f"and every ring id silently runs on ring 0's members; lower it to ring 0")
+        if name in ("pd_op.all_reduce", "pd_op.all_reduce_"):
+            if op.attrs()["reduce_type"] == AVG:
+                raise CompileError(f"{name} with reduce_type AVG: gloo has no AVG reduce; sum, then scale")
+            if op.attrs()["reduce_type"] == 0 and op.operand_source(0).dtype == paddle.float16:
+                raise CompileError(f"{name} sums float16: gloo returns inf for it; cast to float32 around it")
+        if name in ("pd_op.reduce_scatter", "pd_op.all_to_all"):
+            raise CompileError(f"{name} has no CPU kernel; lower it to all_reduce + slice")
+        if name == "pd_op.coalesce_tensor":
+            raise CompileError("coalesce_tensor: its views do not see an in-place all-reduce on CPU "
+                               "(ranks diverge); pack with concat and unpack with split")
+
+
+def check_optimizer_reads_synced(block, gradients):
+    """After apply_gradients: each optimizer op reads its parameter's reduced gradient, never the raw one."""
+    position = {op.id(): i for i, op in enumerate(block.ops)}
+    for op in block.ops:
+        names = op.get_input_names() if op.name().startswith("pd_op.") else ()
+        if "param" not in names or "grad" not in names:
+            continue
+        param = op.operand_source(names.index("param"))
+        grad = next((g for g in gradients if g.param.is_same(param)), None)
+        if grad is None:
+            continue
+        floor = position[grad.grad.get_defining_op().id()]
+        if not _reads(op.operand_source(names.index("grad")), grad, position, floor, {}):
+            raise CompileError(f"{op.name()} for {grad.name} does not read the reduced gradient")
+
+
+def _reads(value, grad, position, floor, memo):
+    """True if `value` derives from grad.synced and not from the raw grad around it."""
+    if value.is_same(grad.synced):
+        return True
+    if value.is_same(grad.grad):
+        raise CompileError(f"the optimizer update of {grad.name} reads the gradient before it is reduced")
+    op = value.get_defining_op()
+    if op is None or position[op.id()] < floor or op.id() in memo:
+        return memo.get(op.id(), False) if op is not None else False
+    memo[op.id()] = False
+    memo[op.id()] = any([_reads(source, grad, position, floor, memo) for source in op.operands_source()])
+    return memo[op.id()]

@@ -1,0 +1,31 @@
+"""Which knobs the user set that no compile pass reads, and what became of them.
+
+The schema accepts every Fleet knob so Fleet strategy files load unchanged, but fleetlite
+implements them one pass at a time. A knob set to a non-default value that no registered
+pass reads must not vanish: the compile report lists it as skipped with the reason (and
+`strict: true` makes that an error).
+"""
+# Not compile knobs: other parts of fleetlite read them.
+ELSEWHERE = ("strict", "split_data", "data_configs")
+
+# Knobs that legitimately need no work in fleetlite's collective static programs.
+NO_WORK = {
+    "find_unused_parameters": "not needed: in a static program an unused parameter simply has no gradient",
+    "without_graph_optimization": "Fleet's raw-program switch; fleetlite always rewrites the program itself",
+    "calc_comm_same_stream": "accepted for compatibility; stream placement is left to Paddle",
+    "a_sync": "parameter-server only; collective training ignores it",
+}
+NOT_YET = "no fleetlite pass implements it yet"
+
+
+def unclaimed_knobs(strategy, claimed):
+    """[(knob, reason)] for set knobs outside `claimed` (dotted field names read by passes)."""
+    groups = {}
+    for field in strategy.non_default():
+        if field in claimed or field.split(".")[0] in ELSEWHERE:
+            continue
+        top = field.split(".")[0]
+        knob = top[: -len("_configs")] if top.endswith("_configs") else top
+        groups.setdefault(knob, []).append(field)
+    return [(knob, f"{NO_WORK.get(knob, NOT_YET)} (set: {', '.join(fields)})")
+            for knob, fields in groups.items()]

@@ -1,0 +1,132 @@
+"""Bring up the job's default process group (ring 0) with deadlines, and the extra NCCL rings.
+
+Why not `paddle.distributed.init_parallel_env()`: its rendezvous store waits without a usable
+deadline (measured on 3.3.1: a rank whose master is missing, or a master whose workers are
+missing, still waits after minutes). Here the same pieces are assembled with bounds:
+- a non-master rank first polls the master endpoint with plain TCP connects, and fails with
+  an error naming the endpoint when the deadline passes (Paddle's store client would retry
+  silently, every 3 s, for much longer);
+- the store is created with the same deadline, so the master fails naming the missing ranks;
+- the process group is then registered exactly as Paddle's own init does, so static programs
+  find ring 0 and `paddle.distributed` calls work.
+Paddle creates process groups in dynamic mode; `bring_up` switches to it and back.
+"""
+import hashlib
+import os
+import socket
+import time
+
+import paddle
+import paddle.distributed.collective as paddle_collective
+from paddle.base import core
+from paddle.distributed import parallel_helper
+from paddle.distributed.communication.group import Group, _add_new_group
+from paddle.distributed.parallel import _set_expected_place
+
+from fleetlite.env_contract import worker_env
+from fleetlite.errors import TopologyError
+
+TIMEOUT_ENV = "FLEETLITE_INIT_TIMEOUT"
+DEFAULT_TIMEOUT = 120
+GROUP_NAME = "_default_pg"   # the name Paddle gives its default group
+
+_store = None
+
+
+def init_timeout(environ=os.environ):
+    raw = environ.get(TIMEOUT_ENV, str(DEFAULT_TIMEOUT))
+    try:
+        return max(1, int(raw))
+    except ValueError:
+        raise TopologyError(f"{TIMEOUT_ENV}={raw!r} is not a whole number of seconds") from None
+
+
+def bring_up(topology, timeout):
+    """Create the default process group for `topology` (nothing for a world of 1)."""
+    global _store
+    if topology.world_size == 1 or _store is not None:
+        return
+    for name, value in worker_env(topology).items():   # Paddle's C++ side reads these
+        if name.startswith(("PADDLE_", "FLAGS_")):
+            os.environ.setdefault(name, value)
+    host, port = topology.master.rsplit(":", 1)
+    if topology.rank != 0:
+        wait_for_endpoint(host, int(port), timeout, topology.rank)
+    static = not paddle.in_dynamic_mode()
+    if static:
+        paddle.disable_static()
+    try:
+        _store = _rendezvous(host, int(port), topology, timeout)
+        _register_default_group(_store, topology)
+    finally:
+        if static:
+            paddle.enable_static()
+
+
+def wait_for_endpoint(host, port, timeout, rank):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise TopologyError(
+                    f"rank {rank} could not reach the master endpoint {host}:{port} (rank 0's rendezvous "
+                    f"store) within {timeout} s ({exc}): is rank 0 running, and is {host} reachable? "
+                    f"({TIMEOUT_ENV} sets the wait)") from None
+            time.sleep(0.1)
+
+
+def _rendezvous(host, port, topology, timeout):
+    try:
+        return core.TCPStore(host, port, topology.rank == 0, topology.world_size, timeout)
+    except Exception as exc:  # Paddle raises SystemError with its own text
+        if topology.rank == 0:
+            what = (f"rank 0 hosts the rendezvous store at {host}:{port}, but not all "
+                    f"{topology.world_size - 1} other ranks connected within {timeout} s")
+        else:
+            what = f"rank {topology.rank} reached {host}:{port} but the rendezvous did not finish within {timeout} s"
+        raise TopologyError(f"{what}: a rank is missing or was started late ({TIMEOUT_ENV} sets the wait)") from exc
+
+
+def _register_default_group(store, topology):
+    backend = topology.backend
+    if backend == "nccl":
+        core.CommContextManager.set_device_id(topology.device_id)
+        place = core.CUDAPlace(topology.device_id)
+    else:
+        place = core.CPUPlace()
+    _set_expected_place(place)
+    paddle_collective._set_default_store(store)
+    paddle_collective._set_default_backend(backend)
+    process_group = paddle_collective._new_process_group_impl(
+        backend, store, topology.rank, topology.world_size, GROUP_NAME, pg_options=None)
+    group = Group(topology.rank, 0, list(range(topology.world_size)), pg=process_group, name=GROUP_NAME)
+    paddle_collective._set_group_map_by_name(GROUP_NAME, group)
+    paddle_collective._set_group_map(0, group)
+    paddle_collective._set_group_map_backend(group, backend)
+    _add_new_group(group)
+    parallel_helper._set_parallel_ctx(True)
+
+
+def barrier():
+    """Wait until every rank gets here (works in static mode, unlike dist.barrier)."""
+    if _store is not None:
+        paddle_collective._get_default_group().process_group.barrier().wait()
+
+
+def create_nccl_rings(rings, topology):
+    """One NCCL communicator per ring (other than ring 0, the default group) the program uses.
+
+    Every rank creates every ring, with its own group's members; the key that pairs the
+    members of one group through the store is a hash of their endpoints and the ring id.
+    """
+    for ring in rings:
+        if ring["ring"] == 0:
+            continue
+        members = ring["members"]
+        endpoints = "".join(topology.endpoints[r] for r in members) + f"ring_id:{ring['ring']}"
+        core.CommContextManager.create_nccl_comm_context(
+            _store, str(ring["ring"]), members.index(topology.rank), len(members),
+            hashlib.md5(endpoints.encode()).hexdigest())

@@ -1,0 +1,51 @@
+"""Rewrite a single-process training program into its data-parallel form (no processes touched).
+
+`build` is what `DistributedOptimizer.minimize` and `fleetlite explain` share: backward ->
+compile -> the inner optimizer's `apply_gradients` on the reduced gradients, then the
+startup program broadcasts every parameter from rank 0, so ranks start identical whatever
+their seeds. Ops carry Paddle's op roles (forward 0, backward and gradient communication 1,
+optimizer 2), which plain PIR programs leave at -1.
+"""
+from dataclasses import dataclass
+from typing import Any, List
+
+import paddle
+from paddle.base.framework import pir_op_role_guard
+
+from fleetlite import compiler, invariants, program_edit
+from fleetlite.compile_report import CompileReport
+
+BROADCAST = "broadcast_parameters"
+
+
+@dataclass
+class DataParallelProgram:
+    optimize_ops: List[Any]
+    params_grads: List[Any]     # (parameter, reduced gradient) pairs
+    report: CompileReport
+
+
+def build(loss, optimizer, strategy, topology, startup_program=None, parameter_list=None, no_grad_set=None):
+    main = loss.block.program
+    startup = startup_program or paddle.static.default_startup_program()
+    program_edit.tag_untagged_roles(main.global_block(), program_edit.FORWARD)
+    with pir_op_role_guard(program_edit.BACKWARD):
+        params_grads = optimizer.backward(loss, startup, parameter_list, no_grad_set)
+    gradients, report = compiler.compile(main, params_grads, strategy, topology)
+    reduced = [(g.param, g.synced) for g in gradients]
+    with paddle.static.program_guard(main, startup), pir_op_role_guard(program_edit.OPTIMIZE):
+        optimize_ops = optimizer.apply_gradients(reduced)
+    invariants.check_defined_before_use(main.global_block())
+    invariants.check_optimizer_reads_synced(main.global_block(), gradients)
+    if topology.world_size > 1:
+        report.startup["parameters broadcast from rank 0"] = broadcast_parameters(startup)
+    return DataParallelProgram(optimize_ops, reduced, report)
+
+
+def broadcast_parameters(startup):
+    """Put a broadcast from rank 0 before each parameter is stored; returns how many."""
+    setters = [op for op in startup.global_block().ops if op.name() == "builtin.set_parameter"]
+    for setter in setters:
+        with program_edit.inserting(startup, BROADCAST, before=setter):
+            paddle._C_ops.broadcast_(setter.operand_source(0), 0, 0)
+    return len(setters)

@@ -1,0 +1,20 @@
+"""Every strategy pass fleetlite knows, registered explicitly (no scanning).
+
+The compiler instantiates the passes in REGISTRY whose knob is on and orders them by phase
+and their declared before/after edges; the position in this list only breaks ties.
+"""
+from fleetlite.strategies.comm_rings import CommRings
+from fleetlite.strategies.data_parallel import DataParallel
+from fleetlite.strategies.fuse_all_reduce import FuseAllReduce
+from fleetlite.strategies.gloo_lowering import GlooLowering
+from fleetlite.strategies.hierarchical_allreduce import HierarchicalAllReduce
+from fleetlite.strategies.sync_nccl_allreduce import SyncNcclAllReduce
+
+REGISTRY = (
+    DataParallel,
+    FuseAllReduce,
+    CommRings,
+    HierarchicalAllReduce,
+    GlooLowering,
+    SyncNcclAllReduce,
+)

@@ -1,0 +1,121 @@
+"""The pass contract: what a strategy pass declares, receives and returns.
+
+A pass is one strategy knob turned into a program rewrite. It declares
+- `name`: the strategy field that turns it on (implicit passes, always on, use their own name);
+- `phase`: where it runs (see `Phase`), plus optional `after` / `before` pass names;
+- `requires`: passes that must be on for it to work (an error names both fields);
+- `conflicts`: {other pass: reason} for combinations that cannot work (an error, never a
+  silent switch-off);
+- `reads`: the strategy fields it consumes, shown as its config in the report and counted as
+  "claimed" so a requested knob that nothing reads is reported instead of dropped;
+- `applicable(topology, program)`: None, or the reason the knob is a no-op here (the report
+  says "skipped: reason"; `strict: true` makes that an error);
+- `apply(context)`: edits `context.program` (only through `context.edit()`, which tags every
+  created op with the pass's name) and returns a `PassResult`.
+
+Later passes fit the same slots: AMP casts are a FORWARD_REWRITE, gradient merge a
+BACKWARD_REWRITE, top-k a COMMUNICATION alternative to data_parallel, thread counts EXECUTION.
+"""
+import abc
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Dict
+
+from fleetlite import program_edit
+from fleetlite.ring_table import RingTable
+
+
+class Phase(enum.IntEnum):
+    FORWARD_REWRITE = 1    # rewrite the forward computation (AMP casts, recompute)
+    BACKWARD_REWRITE = 2   # rewrite the gradients before they leave the rank (gradient merge)
+    COMMUNICATION = 3      # decide how gradients cross ranks (all-reduce; top-k later)
+    COMM_LAYOUT = 4        # shape that communication: buckets, rings, hierarchical stages
+    LOWERING = 5           # make the layout runnable on this backend (gloo: ring 0 only)
+    EXECUTION = 6          # runtime settings the program needs (flags, streams)
+
+
+@dataclass
+class PassResult:
+    """What a pass did: one line for the report table, and details for the JSON report."""
+    summary: str
+    details: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GradientSync:
+    """One trainable parameter's gradient on its way from backward to the optimizer."""
+    name: str        # the parameter's name
+    param: Any       # pir.Value of the parameter
+    grad: Any        # pir.Value backward produced
+    synced: Any      # pir.Value the optimizer will read (the grad itself until reduced)
+    ready: int       # rank of the grad's producer in backward order (0 = ready first)
+
+    @property
+    def nbytes(self):
+        return program_edit.nbytes(self.grad)
+
+    @property
+    def dtype(self):
+        return program_edit.dtype_name(self.grad)
+
+
+class CompileContext:
+    """The program being compiled and what passes know about it, shared by all passes."""
+
+    def __init__(self, program, strategy, topology, gradients):
+        self.program = program
+        self.strategy = strategy
+        self.topology = topology
+        self.gradients = gradients          # [GradientSync] in backward order
+        self.buckets = []                   # [gradient_buckets.Bucket] in issue order
+        self.rings = RingTable(topology.world_size)
+        self.gradient_scale = None          # factor applied after the sum (None: no scaling)
+        self.reduced = False                # True once a pass makes gradients cross ranks
+        self.runtime_flags = {}             # Paddle flags the program needs at run time
+        self.current_pass = None
+
+    @property
+    def block(self):
+        return self.program.global_block()
+
+    def edit(self, before=None, after=None):
+        """Insert ops tagged with the running pass's name (see program_edit.inserting)."""
+        return program_edit.inserting(self.program, self.current_pass, before=before, after=after,
+                                      role=program_edit.BACKWARD)
+
+
+class Pass(abc.ABC):
+    name = None
+    phase = None
+    after = ()
+    before = ()
+    requires = ()
+    conflicts = {}
+    reads = ()
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+
+    def enabled(self):
+        """Whether the user asked for this pass (by default: its field is truthy)."""
+        return bool(getattr(self.strategy, self.name))
+
+    def config(self):
+        """The strategy values this pass runs with, for the report."""
+        return {name: read_field(self.strategy, name) for name in self.reads}
+
+    def applicable(self, topology, program):
+        """None if the pass has work here, else the reason it is a no-op."""
+        return None
+
+    @abc.abstractmethod
+    def apply(self, context):
+        """Rewrite `context.program`; return a PassResult."""
+
+
+def read_field(strategy, dotted):
+    """The value of a (possibly dotted) strategy field, e.g. 'gradient_scale_configs.scale_strategy'."""
+    value = strategy
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
