@@ -15,10 +15,10 @@ from fleetlite.launcher.preflight import check_script
 EXPLAIN_TIMEOUT_S = 600
 
 
-def explain(spec, environ, cpu_count):
+def explain(spec, environ):
     """The exit status of the script run in explain-only mode."""
     check_script(spec.script)
-    rank0 = plan_workers(spec, pinned_port(spec) or job_port(spec.job_id), environ, cpu_count)[0]
+    rank0 = plan_workers(spec, pinned_port(spec) or job_port(spec.job_id), environ)[0]
     env = {name: value for name, value in rank0.env.items()
            if name not in (env_contract.ERROR_FILE, env_contract.PROGRESS_FILE)}
     env[env_contract.EXPLAIN_ONLY] = "1"

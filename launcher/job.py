@@ -5,7 +5,6 @@ the workers their restart count (FLEETLITE_RESTART_COUNT); the script resumes fr
 checkpoint. Under --ssh the other hosts' fleetruns are started once: each restarts its own
 group with the same budget, and a host whose fleetrun gives up fails the job.
 """
-import os
 import sys
 import time
 
@@ -27,11 +26,9 @@ def _tee_prefix(slot):
 
 
 class Job:
-    def __init__(self, spec, preflight, environ, local, stop, remote=None,
-                 cpu_count=None, grace=GRACE_S, err=None):
+    def __init__(self, spec, preflight, environ, local, stop, remote=None, grace=GRACE_S, err=None):
         self.spec, self.preflight, self.environ = spec, preflight, environ
         self.local, self.remote, self.stop, self.grace = local, remote, stop, grace
-        self.cpu_count = cpu_count or os.cpu_count() or 1
         self.err = err or sys.stderr
         self.slots = self._plan(0)  # a bad plan fails here, before anything starts
 
@@ -40,7 +37,7 @@ class Job:
             print(line, file=self.err, flush=True)
 
     def _plan(self, attempt):
-        return plan_workers(self.spec, self.preflight.port, self.environ, self.cpu_count, attempt)
+        return plan_workers(self.spec, self.preflight.port, self.environ, attempt)
 
     def _start_other_hosts(self):
         if self.remote is None:
@@ -49,8 +46,9 @@ class Job:
         for host in self.spec.ips[1:]:
             process = self.remote.start(host, follower_argv(self.spec, host, self.preflight.port))
             ranks = [s.rank for s in self.slots if s.host == host]
-            self._say(f"fleetrun: ranks {ranks[0]}-{ranks[-1]} on {host}: started its fleetrun over "
-                      f"ssh (pid {process.pid}); it prints its own table and report")
+            which = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+            self._say(f"fleetrun: {which} on {host}: started its fleetrun over ssh "
+                      f"(pid {process.pid}); it prints its own table and report")
             remotes.append(process)
         return remotes
 
@@ -63,9 +61,10 @@ class Job:
                  w.slot.log_path + (" (tee'd below)" if w.teed else "")) for w in workers]
         lines = [title] + format_table(("rank", "host", "device", "endpoint", "pid", "log"), rows)
         if any(w.slot.device == "cpu" for w in workers):
-            threads = workers[0].slot.env
-            lines.append(f"  CPU workers: OMP_NUM_THREADS={threads['OMP_NUM_THREADS']} "
-                         f"KMP_BLOCKTIME={threads['KMP_BLOCKTIME']} (export either to change it)")
+            threads = {name: workers[0].slot.env[name] for name in ("OMP_NUM_THREADS", "KMP_BLOCKTIME")
+                       if name in workers[0].slot.env}
+            lines.append("  CPU workers: " + " ".join(f"{k}={v}" for k, v in threads.items()) +
+                         " (fleetrun's defaults unless exported)")
         self._say(*lines)
 
     def _attempt(self, attempt, remotes):

@@ -20,14 +20,14 @@ from fleetlite.launcher.transport import LocalTransport, SshTransport
 def stop_when_stdin_closes(stop):
     """--follow_stdin: the first host of an --ssh job is gone, or asks this host to stop."""
     def wait_for_end_of_input():
-        sys.stdin.buffer.read()
+        while os.read(sys.stdin.fileno(), 4096):  # os.read: no buffer lock held at interpreter exit
+            continue
         stop.request(signal.SIGTERM, "the first host (its connection closed)")
     threading.Thread(target=wait_for_end_of_input, name="follow stdin", daemon=True).start()
 
 
 def main(argv=None):
     environ = dict(os.environ)
-    cpu_count = os.cpu_count() or 1
     stop = StopRequest()
     stop.install()
     reservation = None
@@ -36,11 +36,11 @@ def main(argv=None):
         for note in spec.notes:
             print(f"fleetrun: {note}", file=sys.stderr)
         if spec.explain:
-            return explain(spec, environ, cpu_count)
+            return explain(spec, environ)
         preflight = run_preflight(spec, environ)
         reservation = preflight.reservation
         job = Job(spec, preflight, environ, LocalTransport(), stop,
-                  remote=SshTransport(spec.ssh_command) if spec.ssh else None, cpu_count=cpu_count)
+                  remote=SshTransport(spec.ssh_command) if spec.ssh else None)
         if spec.follow_stdin:
             stop_when_stdin_closes(stop)
         return job.run()

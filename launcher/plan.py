@@ -78,10 +78,21 @@ def _devices(spec):
     return list(spec.devices)
 
 
-def _thread_defaults(local_size, cpu_count):
-    """CPU workers share the cores, and Paddle's OpenMP spins a core for 200 ms after each op
-    unless told not to (it then competes with gloo). Inherited values win over these."""
-    return {"OMP_NUM_THREADS": str(max(1, cpu_count // local_size)), "KMP_BLOCKTIME": "0"}
+def check_spec(spec):
+    """The flag contradictions plan_workers would find, checked before anything touches the
+    machine; returns each worker's device per host (None: CPU)."""
+    _check_hosts(spec)
+    return _devices(spec)
+
+
+def _thread_defaults(local_size):
+    """Paddle's OpenMP spins a core for 200 ms after each op unless told not to, competing with
+    gloo; and workers sharing a host should not each start a thread per core (Paddle asks for
+    OMP_NUM_THREADS=1 under data parallelism). Inherited values win over these."""
+    defaults = {"KMP_BLOCKTIME": "0"}
+    if local_size > 1:
+        defaults["OMP_NUM_THREADS"] = "1"
+    return defaults
 
 
 def _log_path(spec, host, rank):
@@ -89,13 +100,12 @@ def _log_path(spec, host, rank):
     return os.path.join(spec.log_dir, name)
 
 
-def plan_workers(spec, port, environ, cpu_count, attempt=0):
+def plan_workers(spec, port, environ, attempt=0):
     """Every worker of the job, in rank order (hosts in --ips order, devices in --gpus order).
 
     `port` is rank 0's store port; `environ` the environment the workers inherit (the contract's
     variables override it); `attempt` the restart count the workers are told."""
-    _check_hosts(spec)
-    devices = _devices(spec)
+    devices = check_spec(spec)
     local_size = len(devices)
     if port + local_size - 1 > 65535:
         raise LaunchError(f"port {port} + {local_size} workers runs past 65535: pick a lower --start_port")
@@ -111,7 +121,7 @@ def plan_workers(spec, port, environ, cpu_count, attempt=0):
                                 device_id=device_id)
             error_file = os.path.join(records, f"rank{rank}.error.json")
             progress_file = os.path.join(records, f"rank{rank}.progress")
-            defaults = _thread_defaults(local_size, cpu_count) if device_id is None else {}
+            defaults = _thread_defaults(local_size) if device_id is None else {}
             contract = env_contract.worker_env(topology, spec.job_id, attempt, error_file, progress_file)
             slots.append(WorkerSlot(
                 rank=rank, local_rank=local, host=host,

@@ -14,7 +14,7 @@ from typing import Optional
 
 from fleetlite.errors import LaunchError
 from fleetlite.launcher import ports
-from fleetlite.launcher.plan import job_port, pinned_port
+from fleetlite.launcher.plan import check_spec, job_port, pinned_port
 
 SIOCGIFADDR = 0x8915
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
@@ -118,6 +118,7 @@ def store_port(spec, this_host):
 
 
 def run_preflight(spec, environ):
+    check_spec(spec)
     check_script(spec.script)
     this_host = find_this_host(spec.ips, spec.host, local_addresses(), socket.gethostname())
     if spec.ssh and this_host != spec.ips[0]:

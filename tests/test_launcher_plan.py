@@ -112,7 +112,7 @@ FOUR_BY_EIGHT = rows("""
 
 def test_four_hosts_by_eight_gpus():
     spec = LaunchSpec(script="train.py", ips=FOUR_HOSTS, devices=tuple(range(8)))
-    slots = plan_workers(spec, 6070, {}, cpu_count=64)
+    slots = plan_workers(spec, 6070, {})
     assert table(slots) == FOUR_BY_EIGHT
     rank27 = slots[27].env
     assert (rank27["PADDLE_TRAINER_ID"], rank27["PADDLE_TRAINERS_NUM"], rank27["PADDLE_RANK_IN_NODE"],
@@ -126,7 +126,7 @@ def test_four_hosts_by_eight_gpus():
 def test_every_slot_environment_reads_back_as_its_topology():
     spec = LaunchSpec(script="train.py", ips=FOUR_HOSTS, devices=tuple(range(8)))
     endpoints = [row[4] for row in FOUR_BY_EIGHT]
-    for slot in plan_workers(spec, 6070, {}, cpu_count=64):
+    for slot in plan_workers(spec, 6070, {}):
         assert env_contract.read_topology(slot.env) == Topology(
             rank=slot.rank, world_size=32, local_rank=slot.local_rank, local_size=8,
             node_rank=slot.rank // 8, node_count=4, endpoints=endpoints, device="gpu",
@@ -136,7 +136,7 @@ def test_every_slot_environment_reads_back_as_its_topology():
 def test_cpu_two_processes():
     spec = LaunchSpec(script="train.py", nproc_per_node=2, log_dir="logs", job_id="j")
     slots = plan_workers(spec, 7000, {"PATH": "/bin", "PADDLE_TRAINER_ID": "9", "KMP_BLOCKTIME": "200"},
-                         cpu_count=2, attempt=1)
+                         attempt=1)
     assert table(slots) == rows("""
         0 0 127.0.0.1 cpu 127.0.0.1:7000 logs/workerlog.0
         1 1 127.0.0.1 cpu 127.0.0.1:7001 logs/workerlog.1
@@ -161,12 +161,12 @@ def test_cpu_two_processes():
 ])
 def test_impossible_plans_are_errors(spec, message):
     with pytest.raises(LaunchError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        plan_workers(spec, 7000, {}, cpu_count=2)
+        plan_workers(spec, 7000, {})
 
 
 def test_ports_past_65535_are_an_error():
     with pytest.raises(LaunchError, match="past 65535"):
-        plan_workers(LaunchSpec(script="t.py", nproc_per_node=4), 65534, {}, cpu_count=2)
+        plan_workers(LaunchSpec(script="t.py", nproc_per_node=4), 65534, {})
 
 
 def test_pinned_port_comes_from_start_port_or_master_and_they_must_agree():
