@@ -12,7 +12,7 @@ from fleetlite.errors import LaunchError
 from fleetlite.launcher.plan import job_port, pinned_port, plan_workers
 from fleetlite.launcher.preflight import check_script
 
-EXPLAIN_TIMEOUT_S = 600
+EXPLAIN_TIMEOUT_S = 300
 
 
 def explain(spec, environ):

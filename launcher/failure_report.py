@@ -117,7 +117,8 @@ def _indented(text):
 
 def _root_lines(root, had_causes):
     if root.remote:
-        return [f"fleetrun: root cause: {root.name} {describe_exit(root)}; its report is above"]
+        return [f"fleetrun: the job failed on {root.host}: its fleetrun {describe_exit(root)} "
+                f"(its report is above)"]
     if had_causes:
         lines = [f"fleetrun: root cause: {_where(root)} {describe_exit(root)}"]
     else:

@@ -113,6 +113,16 @@ def test_ssh_fan_out_from_the_first_host(tmp_path, uninterrupted):
     np.testing.assert_array_equal(np.load(tmp_path / "w.npy"), uninterrupted)
 
 
+def test_a_failure_on_an_ssh_host_is_reported_there_once_and_fails_the_job(tmp_path):
+    result = fleetrun(["--ssh", "--ips", "127.0.0.1,127.0.0.2", "--host", "127.0.0.1", "--job_id", "ssh-fail",
+                       "--ssh_command", f"{sys.executable} {os.path.join(SCRIPTS, 'fake_ssh.py')}",
+                       TRAIN, "--fail", "1:2:raise"], tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.count("root cause") == 1
+    assert "root cause: rank 1 on 127.0.0.2" in result.stderr
+    assert "the job failed on 127.0.0.2: its fleetrun exited with code 1" in result.stderr
+
+
 def test_kill_9_of_a_worker_stops_the_job_and_names_that_rank(tmp_path):
     job = start_fleetrun(["--nproc_per_node", "2", "--job_id", "kill-worker", TRAIN, "--steps", "100000",
                           "--step_seconds", "0.02", "--child"], tmp_path)
