@@ -19,10 +19,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 
 demo: $(STAMP)
-	$(VENV)/bin/fleetlite strategy validate configs/*.yaml configs/*.prototxt
-	$(VENV)/bin/fleetlite strategy show configs/resnet50_4x8_gpu.yaml
-	$(VENV)/bin/fleetlite strategy convert configs/resnet50_4x8_gpu.yaml /tmp/fleetlite_resnet50.prototxt
-	cat /tmp/fleetlite_resnet50.prototxt
+	$(VENV)/bin/fleetrun --nproc_per_node 2 --log_dir log/demo \
+		examples/train_digits.py --strategy configs/cpu_gloo.yaml --epochs 8
 
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. fleetlite/proto/strategy.proto
