@@ -7,6 +7,7 @@ import sys
 
 from fleetlite.errors import FleetliteError
 from fleetlite.strategy import DistributedStrategy
+from fleetlite.topology import Topology
 
 def validate(args):
     for path in args.files:
@@ -39,6 +40,14 @@ def convert(args):
     print(f"wrote {args.destination}")
 
 
+def explain(args):
+    from fleetlite.explain import explain as compile_report  # imports Paddle: only when asked
+    strategy = DistributedStrategy.load(args.strategy) if args.strategy else DistributedStrategy()
+    topology = Topology.grid(args.world, args.nodes, rank=args.rank, device=args.device)
+    report = compile_report(strategy, topology, args.model)
+    print(report.to_json() if args.json else report.table())
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="fleetlite", description=__doc__.splitlines()[0])
     top = parser.add_subparsers(dest="group", required=True)
@@ -58,6 +67,15 @@ def build_parser():
     c.add_argument("source")
     c.add_argument("destination")
     c.set_defaults(handler=convert)
+    e = top.add_parser("explain", help="print what compiling a strategy does, for any topology, without training")
+    e.add_argument("--strategy", help="a .yaml or .prototxt strategy file (default: every field at its default)")
+    e.add_argument("--world", type=int, default=1, help="number of ranks")
+    e.add_argument("--nodes", type=int, default=1, help="number of nodes (ranks spread evenly)")
+    e.add_argument("--rank", type=int, default=0, help="the rank whose program is shown")
+    e.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    e.add_argument("--model", choices=("mlp", "resnet50"), default="mlp")
+    e.add_argument("--json", action="store_true", help="print the report as JSON")
+    e.set_defaults(handler=explain)
     return parser
 
 

@@ -39,9 +39,9 @@ class CompileReport:
         return next(r for r in self.records if r.name == name)
 
     @property
-    def order(self):
-        """Names of the passes that ran, in order."""
-        ran = sorted((r for r in self.records if r.order is not None), key=lambda r: r.order)
+    def applied(self):
+        """Names of the passes that changed the program, in the order they ran."""
+        ran = sorted((r for r in self.records if r.status == APPLIED), key=lambda r: r.order)
         return [r.name for r in ran]
 
     def to_dict(self):

@@ -38,7 +38,7 @@ def build(loss, optimizer, strategy, topology, startup_program=None, parameter_l
     invariants.check_defined_before_use(main.global_block())
     invariants.check_optimizer_reads_synced(main.global_block(), gradients)
     if topology.world_size > 1:
-        report.startup["parameters broadcast from rank 0"] = broadcast_parameters(startup)
+        report.startup[BROADCAST] = broadcast_parameters(startup)
     return DataParallelProgram(optimize_ops, reduced, report)
 
 

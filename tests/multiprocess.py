@@ -1,0 +1,84 @@
+"""Run N real worker processes as one job on loopback, bounded, and collect their results.
+
+Each rank gets the environment fleetrun would give it (env_contract.worker_env on a
+Topology.grid with a free master port; nodes are 127.0.0.1, 127.0.0.2, ...) plus
+FLEETLITE_RESULT, the path where the worker writes its JSON result. The first rank that
+fails, or the deadline, ends the whole job: every process group is killed and the error
+names the rank with the tail of its log.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fleetlite.env_contract import worker_env
+from fleetlite.topology import Topology
+
+RESULT_ENV = "FLEETLITE_RESULT"
+QUIET_CPU = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "GLOG_minloglevel": "2",
+             "PYTHONWARNINGS": "ignore"}
+
+
+class JobFailed(AssertionError):
+    """A worker exited non-zero or the job ran past its deadline."""
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_job(script, world_size, node_count=1, args=(), timeout=120, extra_env=None):
+    """Run `script` on `world_size` ranks; returns the list of their JSON results, by rank."""
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="fleetlite-job-") as folder:
+        folder = Path(folder)
+        processes = []
+        try:
+            for rank in range(world_size):
+                topology = Topology.grid(world_size, node_count, rank=rank, base_port=port)
+                env = {**os.environ, **QUIET_CPU, **worker_env(topology), **(extra_env or {}),
+                       RESULT_ENV: str(folder / f"result.{rank}.json")}
+                log = open(folder / f"log.{rank}", "w")
+                processes.append(subprocess.Popen([sys.executable, str(script), *map(str, args)], env=env,
+                                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                log.close()
+            _wait(processes, folder, timeout)
+            return [json.loads((folder / f"result.{rank}.json").read_text()) for rank in range(world_size)]
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+
+
+def _wait(processes, folder, timeout):
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = [p.poll() for p in processes]
+        failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            rank = failed[0]
+            raise JobFailed(f"rank {rank} exited with {codes[rank]}:\n{_tail(folder, rank)}")
+        if all(code == 0 for code in codes):
+            return
+        if time.monotonic() > deadline:
+            running = [rank for rank, code in enumerate(codes) if code is None]
+            raise JobFailed(f"ranks {running} still running after {timeout} s:\n{_tail(folder, running[0])}")
+        time.sleep(0.05)
+
+
+def _tail(folder, rank, lines=30):
+    text = (folder / f"log.{rank}").read_text(errors="replace").splitlines()
+    return "\n".join(text[-lines:])
+
+
+def write_result(result):
+    """Called by a worker: hand its JSON-able result back to run_job."""
+    Path(os.environ[RESULT_ENV]).write_text(json.dumps(result))

@@ -1,0 +1,63 @@
+"""The small models of the compiler tests, on scikit-learn's digits (8x8 images, 10 classes).
+
+`loss(x, y, shards)` splits the batch into `shards` equal parts and averages their losses:
+with batch norm, N ranks normalise over their own shard, so the one-process oracle must
+normalise over the same shards to compute the same function (without batch norm the
+split changes nothing). `compiled_program` builds one for the structural tests.
+"""
+import paddle
+from sklearn.datasets import load_digits
+
+MODELS = ("mlp", "convbn")
+
+
+def digits(rows):
+    data = load_digits()
+    x = (data.data[:rows] / 16.0).astype("float32")
+    y = data.target[:rows].astype("int64").reshape(-1, 1)
+    return x, y
+
+
+class Mlp(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.hidden = paddle.nn.Linear(64, 32)
+        self.out = paddle.nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.out(paddle.nn.functional.relu(self.hidden(x)))
+
+
+class ConvBn(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.conv = paddle.nn.Conv2D(1, 4, 3, padding=1)
+        self.norm = paddle.nn.BatchNorm2D(4)
+        self.out = paddle.nn.Linear(4 * 4 * 4, 10)
+
+    def forward(self, x):
+        h = paddle.nn.functional.relu(self.norm(self.conv(paddle.reshape(x, [-1, 1, 8, 8]))))
+        return self.out(paddle.flatten(paddle.nn.functional.max_pool2d(h, 2), 1))
+
+
+def loss(model_name, x, y, shards):
+    model = Mlp() if model_name == "mlp" else ConvBn()
+    parts = [paddle.nn.functional.cross_entropy(model(xs), ys)
+             for xs, ys in zip(paddle.split(x, shards), paddle.split(y, shards))]
+    return paddle.add_n(parts) / shards if shards > 1 else parts[0]
+
+
+def compiled_program(strategy, topology, model_name="mlp", rows=8, optimizer=None):
+    """`model_name`'s training program compiled in this process for any rank of any job.
+
+    Returns (main, startup, training_program.DataParallelProgram); nothing runs.
+    """
+    from fleetlite import training_program
+    paddle.enable_static()
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [rows, 64], "float32")
+        y = paddle.static.data("y", [rows, 1], "int64")
+        built = training_program.build(loss(model_name, x, y, 1), optimizer or paddle.optimizer.SGD(0.1),
+                                       strategy, topology, startup)
+    return main, startup, built
