@@ -111,15 +111,11 @@ def _where(end):
     return f"{end.name} on {end.host} (pid {end.pid})"
 
 
-def _indented(text):
-    return ["    " + line for line in text.rstrip("\n").splitlines()]
-
-
-def _root_lines(root, had_causes):
+def _root_lines(root):
     if root.remote:
         return [f"fleetrun: the job failed on {root.host}: its fleetrun {describe_exit(root)} "
                 f"(its report is above)"]
-    if had_causes:
+    if not root.victim:
         lines = [f"fleetrun: root cause: {_where(root)} {describe_exit(root)}"]
     else:
         lines = [f"fleetrun: {_where(root)} {describe_exit(root)} after a collective failed; no "
@@ -131,7 +127,7 @@ def _root_lines(root, had_causes):
                      f"(the lines prefixed [{root.name}])")
         return lines
     if root.error:
-        lines += ["  traceback:"] + _indented(root.error.traceback)
+        lines += ["  traceback:"] + ["    " + line for line in root.error.traceback.rstrip("\n").splitlines()]
     if root.log_tail:
         lines += [f"  last {len(root.log_tail)} lines of {root.log_path}:"]
         lines += ["    " + line for line in root.log_tail]
@@ -145,10 +141,7 @@ def _names(ends, detail):
 def format_report(diagnosis, now):
     """The report's lines, or [] when nothing failed."""
     root = diagnosis.root
-    if root is None:
-        lines = []
-    else:
-        lines = _root_lines(root, had_causes=not root.victim)
+    lines = [] if root is None else _root_lines(root)
     if diagnosis.behind:
         lines.append(f"  likely cause, ranks that had not reached the collective {root.name} waited in: " +
                      _names(diagnosis.behind, lambda e: f"entered {e.progress.steps} of "

@@ -15,7 +15,7 @@ from fleetlite.launcher.supervisor import GRACE_S, stop_processes, watch
 from fleetlite.launcher.transport import worker_command
 
 
-def format_table(header, rows):
+def _format_table(header, rows):
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
     return ["  " + "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
             for row in (header, *rows)]
@@ -59,7 +59,7 @@ class Job:
                  f"attempt {attempt + 1} of {spec.max_restarts + 1}")
         rows = [(w.slot.rank, w.slot.host, w.slot.device, w.slot.endpoint, w.pid,
                  w.slot.log_path + (" (tee'd below)" if w.teed else "")) for w in workers]
-        lines = [title] + format_table(("rank", "host", "device", "endpoint", "pid", "log"), rows)
+        lines = [title] + _format_table(("rank", "host", "device", "endpoint", "pid", "log"), rows)
         if any(w.slot.device == "cpu" for w in workers):
             threads = {name: workers[0].slot.env[name] for name in ("OMP_NUM_THREADS", "KMP_BLOCKTIME")
                        if name in workers[0].slot.env}

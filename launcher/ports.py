@@ -73,7 +73,7 @@ class PortReservation:
 
 
 def _try_lock(port, job_id, lock_dir):
-    """The reservation, or the text its current holder wrote ("pid job")."""
+    """(PortReservation, None), or (None, what the holder wrote) if another fleetrun holds it."""
     os.makedirs(lock_dir, exist_ok=True)
     lock_file = open(os.path.join(lock_dir, f"{port}.lock"), "a+")
     try:
@@ -82,21 +82,21 @@ def _try_lock(port, job_id, lock_dir):
         lock_file.seek(0)
         holder = lock_file.read().strip() or "another fleetrun"
         lock_file.close()
-        return holder
+        return None, holder
     lock_file.truncate(0)
     lock_file.write(f"pid {os.getpid()} job {job_id}\n")
     lock_file.flush()
-    return PortReservation(port, lock_file)
+    return PortReservation(port, lock_file), None
 
 
 def reserve_port(port, job_id, fix, lock_dir=LOCK_DIR, tables=TCP_TABLES):
     """Reserve a port the user chose; LaunchError naming the port, its user and `fix` if taken."""
     if port in ports_in_use(tables):
         raise LaunchError(f"port {port} (rank 0's store) is already in use on this host: {fix}")
-    held = _try_lock(port, job_id, lock_dir)
-    if not isinstance(held, PortReservation):
-        raise LaunchError(f"port {port} (rank 0's store) is reserved by a running fleetrun ({held}): {fix}")
-    return held
+    reservation, holder = _try_lock(port, job_id, lock_dir)
+    if reservation is None:
+        raise LaunchError(f"port {port} (rank 0's store) is reserved by a running fleetrun ({holder}): {fix}")
+    return reservation
 
 
 def reserve_free_port(first, job_id, lock_dir=LOCK_DIR, tables=TCP_TABLES,
@@ -105,7 +105,7 @@ def reserve_free_port(first, job_id, lock_dir=LOCK_DIR, tables=TCP_TABLES,
     used = ports_in_use(tables)
     for port in range(first, last + 1):
         if port not in used:
-            held = _try_lock(port, job_id, lock_dir)
-            if isinstance(held, PortReservation):
-                return held
+            reservation, _ = _try_lock(port, job_id, lock_dir)
+            if reservation is not None:
+                return reservation
     raise LaunchError(f"no free port in [{first}, {last}] on this host: pass --start_port")

@@ -63,7 +63,7 @@ def _device_ids(raw):
 class Option:
     """A launch setting: its flag is --<name>, `env` the variable Paddle's launcher reads for it."""
     name: str
-    env: Optional[str]
+    env: str
     default: object
     parse: Callable[[str], object]
     help: str
@@ -127,9 +127,8 @@ def build_parser():
         description="Start a PaddlePaddle script on every device of every host and supervise it: "
                     "the first failure stops the whole job and is reported once.")
     for option in OPTIONS:
-        env = f" [env {option.env}]" if option.env else ""
         parser.add_argument(f"--{option.name}", *option.aliases, dest=option.name, default=None,
-                            metavar=option.name.upper(), help=option.help + env)
+                            metavar=option.name.upper(), help=f"{option.help} [env {option.env}]")
     parser.add_argument("--explain", action="store_true",
                         help="print the compile report of the script's strategy and exit")
     parser.add_argument("--ssh", action="store_true",
@@ -142,7 +141,7 @@ def build_parser():
 
 def _resolve(option, flag_value, environ):
     """(value, note): flag > environment > default, with a note when the environment mattered."""
-    env_value = environ.get(option.env) if option.env else None
+    env_value = environ.get(option.env)
     if flag_value is not None:
         source, raw = f"--{option.name}", flag_value
         note = None
