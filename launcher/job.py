@@ -101,5 +101,6 @@ class Job:
         finally:
             for remote in remotes:
                 remote.close()
-        self._say(f"fleetrun: {'job succeeded' if code == 0 else f'job failed, exit code {code}'}")
+        outcome = "stopped" if self.stop.is_set() else "failed"
+        self._say(f"fleetrun: {'job succeeded' if code == 0 else f'job {outcome}, exit code {code}'}")
         return code

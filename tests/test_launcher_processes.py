@@ -151,13 +151,16 @@ def test_sigkill_of_fleetrun_takes_every_worker_down(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
-def test_sigterm_to_fleetrun_stops_the_job_and_exits_143(tmp_path):
-    job = start_fleetrun(["--nproc_per_node", "2", "--job_id", "sigterm", TRAIN, "--steps", "100000",
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_to_fleetrun_stops_the_job(tmp_path, signum):
+    job = start_fleetrun(["--nproc_per_node", "2", "--job_id", f"stop{signum}", TRAIN, "--steps", "100000",
                           "--step_seconds", "0.02", "--child"], tmp_path)
     workers, children = worker_and_child_pids(tmp_path / "log", 2)
-    job.send_signal(signal.SIGTERM)
-    assert job.wait(timeout=20) == 128 + signal.SIGTERM
-    assert "stopped by SIGTERM" in output_of(tmp_path)
+    job.send_signal(signum)
+    assert job.wait(timeout=20) == 128 + signum
+    output = output_of(tmp_path)
+    assert f"stopped by {signal.Signals(signum).name}" in output
+    assert f"job stopped, exit code {128 + signum}" in output
     assert not [pid for pid in [*workers.values(), *children.values()] if alive(pid)]
 
 
