@@ -41,9 +41,9 @@ def convert(args):
 
 
 def explain(args):
-    from fleetlite.explain import explain as compile_report  # imports Paddle: only when asked
     strategy = DistributedStrategy.load(args.strategy) if args.strategy else DistributedStrategy()
     topology = Topology.grid(args.world, args.nodes, rank=args.rank, device=args.device)
+    from fleetlite.explain import explain as compile_report  # imports Paddle: only once the input is good
     report = compile_report(strategy, topology, args.model)
     print(report.to_json() if args.json else report.table())
 

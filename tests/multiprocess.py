@@ -34,25 +34,27 @@ def free_port():
         return probe.getsockname()[1]
 
 
-def run_job(script, world_size, node_count=1, args=(), timeout=120, extra_env=None):
-    """Run `script` on `world_size` ranks; returns the list of their JSON results, by rank."""
+def run_job(script, world_size, node_count=1, args=(), timeout=120, extra_env=None, ranks=None):
+    """Run `script` as the ranks `ranks` (default: all) of a job of `world_size`; returns their
+    JSON results in that order."""
     port = free_port()
+    ranks = list(range(world_size)) if ranks is None else list(ranks)
     with tempfile.TemporaryDirectory(prefix="fleetlite-job-") as folder:
         folder = Path(folder)
-        processes = []
+        processes = {}
         try:
-            for rank in range(world_size):
+            for rank in ranks:
                 topology = Topology.grid(world_size, node_count, rank=rank, base_port=port)
                 env = {**os.environ, **QUIET_CPU, **worker_env(topology), **(extra_env or {}),
                        RESULT_ENV: str(folder / f"result.{rank}.json")}
                 log = open(folder / f"log.{rank}", "w")
-                processes.append(subprocess.Popen([sys.executable, str(script), *map(str, args)], env=env,
-                                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                processes[rank] = subprocess.Popen([sys.executable, str(script), *map(str, args)], env=env,
+                                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 log.close()
             _wait(processes, folder, timeout)
-            return [json.loads((folder / f"result.{rank}.json").read_text()) for rank in range(world_size)]
+            return [json.loads((folder / f"result.{rank}.json").read_text()) for rank in ranks]
         finally:
-            for process in processes:
+            for process in processes.values():
                 if process.poll() is None:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
@@ -61,15 +63,15 @@ def run_job(script, world_size, node_count=1, args=(), timeout=120, extra_env=No
 def _wait(processes, folder, timeout):
     deadline = time.monotonic() + timeout
     while True:
-        codes = [p.poll() for p in processes]
-        failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+        codes = {rank: process.poll() for rank, process in processes.items()}
+        failed = [rank for rank, code in codes.items() if code not in (None, 0)]
         if failed:
             rank = failed[0]
             raise JobFailed(f"rank {rank} exited with {codes[rank]}:\n{_tail(folder, rank)}")
-        if all(code == 0 for code in codes):
+        if all(code == 0 for code in codes.values()):
             return
         if time.monotonic() > deadline:
-            running = [rank for rank, code in enumerate(codes) if code is None]
+            running = [rank for rank, code in codes.items() if code is None]
             raise JobFailed(f"ranks {running} still running after {timeout} s:\n{_tail(folder, running[0])}")
         time.sleep(0.05)
 
