@@ -6,10 +6,11 @@ same op pattern here, so passes that change *how* a bucket travels (rings, hiera
 gloo lowering) find one shape: the collective tagged `fleetlite_bucket = index`.
 
 Copies are kept to the minimum the executor allows, because on small CPU machines they cost
-more than gloo's ~1 ms per collective: a single gradient is reduced straight into a new
-value (no concat, no split); several are packed once (`concat` of flattened views), reduced
-and scaled in place, and unpacked once (`split`). No write-back `assign`, and never
-`coalesce_tensor`, whose views do not see an in-place all-reduce (measured: ranks diverge).
+more than gloo's ~1 ms per collective: a single gradient is reduced and scaled in place (no
+concat, no split; out of place only if something else reads the raw gradient); several are
+packed once (`concat` of flattened views), reduced and scaled in place, and unpacked once
+(`split`). No write-back `assign`, and never `coalesce_tensor`, whose views do not see an
+in-place all-reduce (measured: ranks diverge).
 """
 import math
 from dataclasses import dataclass, field
@@ -46,7 +47,9 @@ def emit(context, bucket):
     last = max((g.grad.get_defining_op() for g in grads), key=_position(context.block))
     with context.edit(after=last) as created:
         if len(grads) == 1:
-            reduced = paddle._C_ops.all_reduce(grads[0].grad, bucket.ring, SUM)
+            gradient = grads[0].grad
+            reduce = paddle._C_ops.all_reduce_ if gradient.use_empty() else paddle._C_ops.all_reduce
+            reduced = reduce(gradient, bucket.ring, SUM)
         else:
             packed = paddle.concat([paddle.reshape(g.grad, [-1]) for g in grads])
             reduced = paddle._C_ops.all_reduce_(packed, bucket.ring, SUM)

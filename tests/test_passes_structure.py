@@ -17,7 +17,7 @@ CPU_4 = Topology.grid(4, 2, rank=3)                      # node 1, local rank 1
 READY_ORDER = ["linear_1.b_0", "linear_1.w_0", "linear_0.b_0", "linear_0.w_0"]
 TWO_PER_BUCKET = {"fuse_grad_size_in_TFLOPS": 2, "last_comm_group_size_MB": 0}
 
-PER_GRADIENT = ["all_reduce(ring=0)", "full", "scale_"]
+PER_GRADIENT = ["all_reduce_(ring=0)", "full", "scale_"]
 PACK_TWO = ["full_int_array", "reshape"] * 2 + ["full", "builtin.combine", "concat"]
 UNPACK_TWO = ["full_int_array", "full", "split", "builtin.split"] + ["full_int_array", "reshape"] * 2
 
@@ -51,7 +51,7 @@ def fused(ring):
 def test_data_parallel_reduces_each_gradient_once_on_ring_0_in_ready_order():
     main, report = compile_mlp(GPU_32, fuse_all_reduce_ops=False)
     assert sequence(main, "data_parallel") == PER_GRADIENT * 4
-    collectives = [op for op in main.global_block().ops if op.name() == "pd_op.all_reduce"]
+    collectives = [op for op in main.global_block().ops if op.name() == "pd_op.all_reduce_"]
     assert [program_edit.int_attr(op, program_edit.BUCKET) for op in collectives] == [0, 1, 2, 3]
     assert [b["gradients"] for b in report.buckets] == [[name] for name in READY_ORDER]
     assert report.applied == ["data_parallel", "sync_nccl_allreduce"]
@@ -64,7 +64,7 @@ def test_data_parallel_puts_each_reduction_right_after_its_gradient_and_before_t
     names = [op.name() for op in ops]
     first_update = names.index("pd_op.sgd_")
     for index, op in enumerate(ops):
-        if op.name() == "pd_op.all_reduce":
+        if op.name() == "pd_op.all_reduce_":
             assert ops[index - 1].name().endswith("_grad") and index < first_update
             assert ops[index].op_role == program_edit.BACKWARD
     assert {op.op_role for op in ops if op.name() == "pd_op.sgd_"} == {program_edit.OPTIMIZE}
@@ -76,7 +76,7 @@ def test_fusion_packs_buckets_with_one_copy_in_and_one_out_and_removes_the_per_g
     assert sequence(main, "fuse_all_reduce_ops") == fused(0) + fused(0)
     assert sequence(main, "data_parallel") == []
     record = report.record("fuse_all_reduce_ops")
-    assert record.ops_removed.count("pd_op.all_reduce") == 4
+    assert record.ops_removed.count("pd_op.all_reduce_") == 4
     assert [(b["gradients"], b["bytes"]) for b in report.buckets] == [
         (READY_ORDER[:2], (10 + 320) * 4), (READY_ORDER[2:], (32 + 2048) * 4)]
     names = {op.name() for op in main.global_block().ops}
