@@ -101,6 +101,8 @@ class DistributedOptimizer:
         self.compile_report = None
 
     def __getattr__(self, name):
+        if name == "inner_opt":          # not set yet (e.g. during copy): do not recurse
+            raise AttributeError(name)
         return getattr(self.inner_opt, name)
 
     def minimize(self, loss, startup_program=None, parameter_list=None, no_grad_set=None):

@@ -76,11 +76,6 @@ def take_back(context, bucket):
     bucket.ops = []
 
 
-def _position(block):
-    index = {op.id(): i for i, op in enumerate(block.ops)}
-    return lambda op: index[op.id()]
-
-
 def replace_collective(context, op, value):
     """Make everything that read `op`'s result (ops and gradients on their way to the
     optimizer) read `value` instead, then remove `op`."""
@@ -90,3 +85,8 @@ def replace_collective(context, op, value):
             grad.synced = value
     old.replace_all_uses_with(value)
     program_edit.remove_ops(context.block, [op])
+
+
+def _position(block):
+    index = {op.id(): i for i, op in enumerate(block.ops)}
+    return lambda op: index[op.id()]

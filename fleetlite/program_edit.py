@@ -14,6 +14,8 @@ import math
 
 import paddle
 
+from fleetlite.errors import CompileError
+
 PROVENANCE = "fleetlite_pass"
 BUCKET = "fleetlite_bucket"        # index of the gradient bucket a collective belongs to
 EMULATES = "fleetlite_emulates"    # ring id a ring-0 collective stands in for (gloo lowering)
@@ -71,7 +73,7 @@ def remove_ops(block, ops):
         for result in op.results():
             if not result.use_empty():
                 users = ", ".join(user.name() for user in result.all_used_ops())
-                raise RuntimeError(f"cannot remove {op.name()}: its result is still read by {users}")
+                raise CompileError(f"cannot remove {op.name()}: its result is still read by {users}")
         block.remove_op(op)
 
 

@@ -8,6 +8,8 @@ split changes nothing). `compiled_program` builds one for the structural tests.
 import paddle
 from sklearn.datasets import load_digits
 
+from fleetlite import training_program
+
 MODELS = ("mlp", "convbn")
 
 
@@ -52,7 +54,6 @@ def compiled_program(strategy, topology, model_name="mlp", rows=8, optimizer=Non
 
     Returns (main, startup, training_program.DataParallelProgram); nothing runs.
     """
-    from fleetlite import training_program
     paddle.enable_static()
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
