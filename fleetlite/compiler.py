@@ -56,7 +56,7 @@ def compile(program, params_grads, strategy, topology, registry=REGISTRY):
             raise CompileError(f"strict: {knob} was requested but {reason}; remove it or set strict: false")
         report.records.append(PassRecord(knob, "-", SKIPPED, reason=reason))
     if topology.device == "cpu":
-        invariants.check_gloo(context.block)
+        invariants.check_gloo(context.block)      # also when no lowering pass ran
     report.buckets = [b.describe(context.gradients) for b in context.buckets]
     used = {program_edit.int_attr(op, "ring_id") for op in context.block.ops} - {None}
     report.rings = [ring.describe(topology.rank) for ring in context.rings if ring.ring_id in used]
@@ -151,7 +151,7 @@ def _run(current, context, order, done):
         untagged = [op.name() for op in added if program_edit.provenance(op) != current.name]
         if untagged:
             raise CompileError(f"created ops without its provenance tag: {', '.join(untagged)}")
-        invariants.check_all(context)
+        invariants.check_all(context, current.phase)
     except FleetliteError as exc:
         raise CompileError(f"{where}: {exc}") from exc
     except Exception as exc:

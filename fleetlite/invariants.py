@@ -6,7 +6,7 @@ broke it instead of as wrong numbers many steps later.
 - every trainable gradient reaches the optimizer summed over the world exactly once and
   scaled once (found by walking back from the value the optimizer reads to the gradient:
   each path must multiply the group sizes of its sums to the world size);
-- on CPU, after lowering, the program only uses what gloo runs correctly (`check_gloo`).
+- on CPU, from the lowering on, the program only uses what gloo runs correctly (`check_gloo`).
 """
 import math
 
@@ -14,16 +14,20 @@ import paddle
 
 from fleetlite import program_edit
 from fleetlite.errors import CompileError
+from fleetlite.strategies.base import Phase
 
 SUMMING = ("pd_op.all_reduce", "pd_op.all_reduce_", "pd_op.reduce_scatter")
 SCALING = ("pd_op.scale", "pd_op.scale_")
 AVG = 4   # reduce_type gloo rejects
 
 
-def check_all(context):
+def check_all(context, phase):
+    """Everything that must hold after a pass of `phase` ran."""
     check_defined_before_use(context.block)
     check_rings_registered(context)
     check_gradients_reduced_once(context)
+    if context.topology.device == "cpu" and phase >= Phase.LOWERING:
+        check_gloo(context.block)
 
 
 def check_defined_before_use(block):

@@ -217,6 +217,17 @@ def test_without_lowering_a_second_ring_on_cpu_is_rejected():
         compile_with(registry, nccl_comm_num=2, fuse_grad_size_in_TFLOPS=2, last_comm_group_size_MB=0)
 
 
+def test_a_ring_added_after_the_lowering_is_caught_at_that_pass():
+    def add_ring(self, context):
+        op = next(op for op in context.block.ops if op.has_attr("ring_id"))
+        op.set_int_attr("ring_id", context.rings.add_world())
+        return PassResult("")
+    late = make_pass("late_ring", phase=Phase.EXECUTION, requires=("data_parallel",), apply=add_ring)
+    with pytest.raises(CompileError, match=r"in pass late_ring \(after data_parallel, gloo_lowering\): "
+                                           r"pd_op.all_reduce_ uses ring 1 on CPU"):
+        compile_with([DataParallel, GlooLowering, late])
+
+
 def one_collective(dtype, build):
     paddle.enable_static()
     main = paddle.static.Program()
