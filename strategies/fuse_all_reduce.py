@@ -75,5 +75,5 @@ class FuseAllReduce(Pass):
             gradient_buckets.emit(context, bucket)
             context.buckets.append(bucket)
         sizes = ", ".join(human_bytes(b.nbytes) for b in context.buckets)
-        return PassResult(f"{len(grads)} gradients in {len(plan)} buckets ({sizes})",
+        return PassResult(f"{len(grads)} gradients in {len(plan)} bucket{'s' * (len(plan) != 1)} ({sizes})",
                           {"buckets": [b.describe(grads) for b in context.buckets]})
