@@ -117,14 +117,16 @@ def barrier():
 
 
 def create_nccl_rings(rings, topology):
-    """One NCCL communicator per ring (other than ring 0, the default group) the program uses.
+    """One NCCL communicator per ring static programs use: ring 0 (the world; the startup
+    broadcast needs it, and the process group only creates it lazily, on its first eager
+    collective) and every ring in `rings` (the report's, with this rank's members).
 
-    Every rank creates every ring, with its own group's members; the key that pairs the
-    members of one group through the store is a hash of their endpoints and the ring id.
+    Every rank creates every ring, in id order, with its own group's members; the key that
+    pairs the members of one group through the store hashes their endpoints and the ring id.
+    Creating a ring that exists is a no-op in Paddle.
     """
-    for ring in rings:
-        if ring["ring"] == 0:
-            continue
+    world = {"ring": 0, "members": list(range(topology.world_size))}
+    for ring in [world] + [r for r in rings if r["ring"] != 0]:
         members = ring["members"]
         endpoints = "".join(topology.endpoints[r] for r in members) + f"ring_id:{ring['ring']}"
         core.CommContextManager.create_nccl_comm_context(

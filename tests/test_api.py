@@ -94,3 +94,31 @@ def test_explain_command_errors_name_the_cause():
     run = explain_cli("--world", "6", "--nodes", "4")
     assert run.returncode == 2
     assert run.stderr.strip().splitlines()[-1] == "fleetlite: error: 6 ranks cannot be spread evenly over 4 nodes (6 % 4 = 2)"
+
+
+def test_nccl_rings_are_created_in_id_order_with_this_ranks_group(monkeypatch):
+    """The GPU ring setup, with Paddle's communicator factory replaced by a recorder."""
+    from fleetlite import process_group
+    from fleetlite.explain import explain
+    created = []
+
+    class Recorder:
+        @staticmethod
+        def create_nccl_comm_context(store, ring, rank, size, hash_key):
+            created.append((ring, rank, size, hash_key))
+
+    monkeypatch.setattr(process_group.core, "CommContextManager", Recorder)
+    monkeypatch.setattr(process_group, "_store", "store")
+    strategy = fleet.DistributedStrategy()
+    strategy.use_hierarchical_allreduce = True
+    keys = {}
+    for rank in (9, 10, 17):
+        topology = Topology.grid(32, 4, rank=rank, device="gpu")
+        created.clear()
+        process_group.create_nccl_rings(explain(strategy, topology).rings, topology)
+        assert [(ring, index, size) for ring, index, size, _ in created] == [
+            ("0", rank, 32), ("1", rank % 8, 8), ("2", rank // 8, 4)]
+        keys[rank] = [key for *_, key in created]
+    assert keys[9][0] == keys[10][0] == keys[17][0]          # ring 0: one world communicator
+    assert keys[9][1] == keys[10][1] != keys[17][1]          # intra: node 1 vs node 2
+    assert keys[9][2] == keys[17][2] != keys[10][2]          # inter: position 1 vs position 2
