@@ -5,13 +5,15 @@ apply_gradients), so everything the optimizer adds (gradient clipping, weight de
 update ops) reads the reduced gradients. Steps:
 1. validate the strategy against the topology;
 2. instantiate the registered passes and keep those whose knob is on;
-3. check `requires` and `conflicts` (errors name both fields), then order the passes: by
-   phase, then declared before/after edges, then registry position (a cycle is an error
-   naming its passes);
-4. per pass: skip it with a reason if it (or a pass it requires) is a no-op here — an error
+3. check `requires` and `conflicts` (errors name both fields), and find the knobs the user
+   set that no pass reads (reported as skipped; an error under `strict`), all before the
+   program is touched;
+4. order the passes: by phase, then declared before/after edges, then registry position (a
+   cycle is an error naming its passes);
+5. per pass: skip it with a reason if it (or a pass it requires) is a no-op here — an error
    under `strict` when the user set one of its fields — else apply it, check that every op
-   it created carries its name, and check the invariants;
-5. report requested knobs that no pass reads, and on CPU run the gloo guard.
+   it created carries its name, and check the invariants (on CPU, from the lowering on, the
+   gloo guard too).
 A failure inside a pass is re-raised as "in pass X (after A, B)".
 """
 import heapq
@@ -33,28 +35,15 @@ def compile(program, params_grads, strategy, topology, registry=REGISTRY):
     passes = [cls(strategy) for cls in registry]
     enabled = [p for p in passes if p.enabled()]
     check_combination(enabled)
+    unclaimed = unclaimed_knobs(strategy, {field for p in passes for field in p.reads})
+    if strategy.strict and unclaimed:
+        knob, reason = unclaimed[0]
+        raise CompileError(f"strict: {knob} was requested but {reason}; remove it or set strict: false")
     context = CompileContext(program, strategy, topology, gradients_in_ready_order(program, params_grads))
     report = CompileReport(topology.describe())
-    requested = set(strategy.non_default())
-    skipped, done = {}, []
-    for order, current in enumerate(order_passes(enabled), 1):
-        reason = _skip_reason(current, skipped, topology, program)
-        if reason:
-            if strategy.strict and requested & set(current.reads):
-                raise CompileError(f"strict: {current.name} was requested but does nothing here: {reason}; "
-                                   f"change the strategy or set strict: false")
-            skipped[current.name] = reason
-            report.records.append(PassRecord(current.name, current.phase.name, SKIPPED, current.config(),
-                                             order, reason=reason))
-            continue
-        report.records.append(_run(current, context, order, done))
-        done.append(current.name)
+    report.records = _run_passes(order_passes(enabled), context)
     report.records += [PassRecord(p.name, p.phase.name, OFF, p.config()) for p in passes if not p.enabled()]
-    claimed = {field for p in passes for field in p.reads}
-    for knob, reason in unclaimed_knobs(strategy, claimed):
-        if strategy.strict:
-            raise CompileError(f"strict: {knob} was requested but {reason}; remove it or set strict: false")
-        report.records.append(PassRecord(knob, "-", SKIPPED, reason=reason))
+    report.records += [PassRecord(knob, "-", SKIPPED, reason=reason) for knob, reason in unclaimed]
     if topology.device == "cpu":
         invariants.check_gloo(context.block)      # also when no lowering pass ran
     report.buckets = [b.describe(context.gradients) for b in context.buckets]
@@ -62,6 +51,25 @@ def compile(program, params_grads, strategy, topology, registry=REGISTRY):
     report.rings = [ring.describe(topology.rank) for ring in context.rings if ring.ring_id in used]
     report.runtime_flags = dict(context.runtime_flags)
     return context.gradients, report
+
+
+def _run_passes(ordered, context):
+    """Apply or skip each pass in order; one PassRecord each."""
+    requested = set(context.strategy.non_default())
+    records, skipped, done = [], {}, []
+    for order, current in enumerate(ordered, 1):
+        reason = _skip_reason(current, skipped, context.topology, context.program)
+        if reason is None:
+            records.append(_run(current, context, order, done))
+            done.append(current.name)
+            continue
+        if context.strategy.strict and requested & set(current.reads):
+            raise CompileError(f"strict: {current.name} was requested but does nothing here: {reason}; "
+                               f"change the strategy or set strict: false")
+        skipped[current.name] = reason
+        records.append(PassRecord(current.name, current.phase.name, SKIPPED, current.config(), order,
+                                  reason=reason))
+    return records
 
 
 def gradients_in_ready_order(program, params_grads):
