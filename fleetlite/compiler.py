@@ -77,7 +77,7 @@ def gradients_in_ready_order(program, params_grads):
     position = {op.id(): i for i, op in enumerate(program.global_block().ops)}
     pairs = [(p, g) for p, g in params_grads if g is not None]
     pairs.sort(key=lambda pg: (position[pg[1].get_defining_op().id()], pg[1].index()))
-    return [GradientSync(p.name, p, g, g, ready) for ready, (p, g) in enumerate(pairs)]
+    return [GradientSync(p.name, p, g, g) for p, g in pairs]
 
 
 def check_combination(enabled):

@@ -48,7 +48,6 @@ class GradientSync:
     param: Any       # pir.Value of the parameter
     grad: Any        # pir.Value backward produced
     synced: Any      # pir.Value the optimizer will read (the grad itself until reduced)
-    ready: int       # rank of the grad's producer in backward order (0 = ready first)
 
     @property
     def nbytes(self):
@@ -66,7 +65,7 @@ class CompileContext:
         self.program = program
         self.strategy = strategy
         self.topology = topology
-        self.gradients = gradients          # [GradientSync] in backward order
+        self.gradients = gradients          # [GradientSync] in ready order (backward's)
         self.buckets = []                   # [gradient_buckets.Bucket] in issue order
         self.rings = RingTable(topology.world_size)
         self.gradient_scale = None          # factor applied after the sum (None: no scaling)
