@@ -33,6 +33,11 @@ def check_intra_groups(strategy, topology):
         return
     size, world, per_node = intra_size(strategy, topology), topology.world_size, topology.local_size
     field = "hierarchical_allreduce_inter_nranks"
+    if not topology.is_uniform:
+        raise StrategyConflictError(
+            f"use_hierarchical_allreduce needs the same number of ranks on every node, numbered node by "
+            f"node; this job has {world} ranks but {topology.node_count} nodes x {per_node} local ranks",
+            field="use_hierarchical_allreduce", value=True, fix="start as many ranks on every node")
     if world % size:
         raise StrategyConflictError(
             f"{field} = {size} does not divide the world size {world} ({world} % {size} = {world % size})",

@@ -139,6 +139,9 @@ def test_topology_rules_are_checked_with_the_arithmetic():
     with pytest.raises(StrategyConflictError, match=r"does not divide the 4 ranks per node \(4 % 8 = 4\)"):
         compile_with(REGISTRY, Topology.grid(32, 8, device="gpu"), use_hierarchical_allreduce=True,
                      hierarchical_allreduce_inter_nranks=8)
+    uneven = Topology(rank=0, world_size=3, local_size=2, node_count=2, endpoints=["a:1", "a:2", "b:1"])
+    with pytest.raises(StrategyConflictError, match="this job has 3 ranks but 2 nodes x 2 local ranks"):
+        compile_with(REGISTRY, uneven, use_hierarchical_allreduce=True)
 
 
 # --- provenance and invariants --------------------------------------------------------------
