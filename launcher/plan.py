@@ -85,13 +85,18 @@ def check_spec(spec):
     return _devices(spec)
 
 
-def _thread_defaults(local_size):
-    """Paddle's OpenMP spins a core for 200 ms after each op unless told not to, competing with
-    gloo; and workers sharing a host should not each start a thread per core (Paddle asks for
-    OMP_NUM_THREADS=1 under data parallelism). Inherited values win over these."""
-    defaults = {"KMP_BLOCKTIME": "0"}
-    if local_size > 1:
-        defaults["OMP_NUM_THREADS"] = "1"
+def _worker_defaults(local_size, cpu):
+    """Environment defaults; inherited values win over these.
+
+    Paddle's C++ INFO lines (store and executor start-up) would flood every log, so only its
+    warnings and errors are kept. On CPU, Paddle's OpenMP spins a core for 200 ms after each
+    op unless told not to, competing with gloo; and workers sharing a host should not each
+    start a thread per core (Paddle asks for OMP_NUM_THREADS=1 under data parallelism)."""
+    defaults = {"GLOG_minloglevel": "1"}
+    if cpu:
+        defaults["KMP_BLOCKTIME"] = "0"
+        if local_size > 1:
+            defaults["OMP_NUM_THREADS"] = "1"
     return defaults
 
 
@@ -121,7 +126,7 @@ def plan_workers(spec, port, environ, attempt=0):
                                 device_id=device_id)
             error_file = os.path.join(records, f"rank{rank}.error.json")
             progress_file = os.path.join(records, f"rank{rank}.progress")
-            defaults = _thread_defaults(local_size) if device_id is None else {}
+            defaults = _worker_defaults(local_size, cpu=device_id is None)
             contract = env_contract.worker_env(topology, spec.job_id, attempt, error_file, progress_file)
             slots.append(WorkerSlot(
                 rank=rank, local_rank=local, host=host,

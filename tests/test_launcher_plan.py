@@ -143,8 +143,9 @@ def test_cpu_two_processes():
     """)
     env = slots[1].env
     assert (env["PATH"], env["PADDLE_TRAINER_ID"], env["PADDLE_DISTRI_BACKEND"], env["PADDLE_JOB_ID"],
-            env["FLEETLITE_RESTART_COUNT"], env["OMP_NUM_THREADS"], env["KMP_BLOCKTIME"]) == \
-        ("/bin", "1", "gloo", "j", "1", "1", "200")  # the contract beats the inherited env; defaults lose
+            env["FLEETLITE_RESTART_COUNT"], env["OMP_NUM_THREADS"], env["KMP_BLOCKTIME"],
+            env["GLOG_minloglevel"]) == \
+        ("/bin", "1", "gloo", "j", "1", "1", "200", "1")  # the contract beats the inherited env; defaults lose
     assert (slots[1].error_file, slots[1].progress_file) == \
         ("logs/.fleetlite/rank1.error.json", "logs/.fleetlite/rank1.progress")
     assert "FLAGS_selected_gpus" not in env
