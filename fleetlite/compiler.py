@@ -15,6 +15,12 @@ update ops) reads the reduced gradients. Steps:
    it created carries its name, and check the invariants (on CPU, from the lowering on, the
    gloo guard too).
 A failure inside a pass is re-raised as "in pass X (after A, B)".
+
+FORWARD_REWRITE passes (AMP's casts) must see the forward before backward exists, so that
+backward differentiates what they built. `training_program.build` therefore hands compile the
+loss and a `backward` function instead of gradients: the forward passes run, then backward (of
+the loss they leave, e.g. AMP's scaled loss), then the rest. Given gradients, the forward passes
+are skipped with that reason.
 """
 import heapq
 
@@ -23,13 +29,17 @@ from fleetlite.compile_report import APPLIED, OFF, SKIPPED, CompileReport, PassR
 from fleetlite.errors import CompileError, FleetliteError, StrategyConflictError
 from fleetlite.knob_accounting import unclaimed_knobs
 from fleetlite.strategies import REGISTRY
-from fleetlite.strategies.base import CompileContext, GradientSync
+from fleetlite.strategies.base import CompileContext, GradientSync, Phase
+
+BACKWARD_EXISTS = "it rewrites the forward before backward, and this program already has backward"
 
 
-def compile(program, params_grads, strategy, topology, registry=REGISTRY):
+def compile(program, params_grads, strategy, topology, registry=REGISTRY, loss=None, backward=None):
     """Rewrite `program` for `topology`; returns ([GradientSync], CompileReport).
 
     Each GradientSync's `synced` is the value the optimizer must read for its parameter.
+    Either `params_grads` (backward already ran) or `loss` and `backward` (loss -> params_grads),
+    which compile calls after the FORWARD_REWRITE passes.
     """
     strategy.validate(topology)
     passes = [cls(strategy) for cls in registry]
@@ -39,9 +49,17 @@ def compile(program, params_grads, strategy, topology, registry=REGISTRY):
     if strategy.strict and unclaimed:
         knob, reason = unclaimed[0]
         raise CompileError(f"strict: {knob} was requested but {reason}; remove it or set strict: false")
-    context = CompileContext(program, strategy, topology, gradients_in_ready_order(program, params_grads))
+    context = CompileContext(program, strategy, topology, [])
+    context.loss = loss
+    ordered = order_passes(enabled)
+    forward = [p for p in ordered if p.phase == Phase.FORWARD_REWRITE]
     report = CompileReport(topology.describe())
-    report.records = _run_passes(order_passes(enabled), context)
+    state = _RunState()
+    report.records = _run_passes(forward, context, state)
+    if backward is not None:
+        params_grads = _differentiate(backward, context, state.done)
+    context.gradients = gradients_in_ready_order(program, params_grads)
+    report.records += _run_passes(ordered[len(forward):], context, state)
     report.records += [PassRecord(p.name, p.phase.name, OFF, p.config()) for p in passes if not p.enabled()]
     report.records += [PassRecord(knob, "-", SKIPPED, reason=reason) for knob, reason in unclaimed]
     if topology.device == "cpu":
@@ -53,12 +71,23 @@ def compile(program, params_grads, strategy, topology, registry=REGISTRY):
     return context.gradients, report
 
 
-def _run_passes(ordered, context):
+class _RunState:
+    """What the passes run so far did, carried from the forward passes to the rest."""
+
+    def __init__(self):
+        self.skipped = {}     # pass name: reason
+        self.done = []        # names of the passes applied, in order
+        self.count = 0        # passes run or skipped so far
+
+
+def _run_passes(ordered, context, state):
     """Apply or skip each pass in order; one PassRecord each."""
     requested = set(context.strategy.non_default())
-    records, skipped, done = [], {}, []
-    for order, current in enumerate(ordered, 1):
-        reason = _skip_reason(current, skipped, context.topology, context.program)
+    records, skipped, done = [], state.skipped, state.done
+    for current in ordered:
+        state.count += 1
+        order = state.count
+        reason = _skip_reason(current, skipped, context)
         if reason is None:
             records.append(_run(current, context, order, done))
             done.append(current.name)
@@ -70,6 +99,17 @@ def _run_passes(ordered, context):
         records.append(PassRecord(current.name, current.phase.name, SKIPPED, current.config(), order,
                                   reason=reason))
     return records
+
+
+def _differentiate(backward, context, rewrites):
+    """Run backward on the loss the forward passes left; name them if Paddle refuses it."""
+    try:
+        return backward(context.loss)
+    except Exception as exc:
+        if not rewrites:
+            raise
+        raise CompileError(f"backward of the forward as {', '.join(rewrites)} rewrote it failed: "
+                           f"{type(exc).__name__}: {exc}") from exc
 
 
 def gradients_in_ready_order(program, params_grads):
@@ -140,11 +180,13 @@ def _cycle(edges, stuck):
     return cycle[::-1]
 
 
-def _skip_reason(current, skipped, topology, program):
+def _skip_reason(current, skipped, context):
     for needed in current.requires:
         if needed in skipped:
             return f"needs {needed}, which was skipped ({skipped[needed]})"
-    return current.applicable(topology, program)
+    if current.phase == Phase.FORWARD_REWRITE and context.loss is None:
+        return BACKWARD_EXISTS
+    return current.applicable(context.topology, context.program)
 
 
 def _run(current, context, order, done):

@@ -18,7 +18,7 @@ from fleetlite.strategies.base import Phase
 
 SUMMING = ("pd_op.all_reduce", "pd_op.all_reduce_", "pd_op.reduce_scatter")
 SCALING = ("pd_op.scale", "pd_op.scale_")
-AVG = 4   # reduce_type gloo rejects
+SUM, AVG = 0, 4   # reduce_types: the one that sums (max/min/prod do not), the one gloo rejects
 
 
 def check_all(context, phase):
@@ -83,7 +83,7 @@ def _paths(value, target, rings, memo):
 
 def _effect(op, rings):
     """(how many ranks' values the op sums together, the factor it scales by)."""
-    if op.name() in SUMMING:
+    if op.name() in SUMMING and op.attrs().get("reduce_type", SUM) == SUM:
         ring = program_edit.int_attr(op, program_edit.EMULATES, program_edit.int_attr(op, "ring_id"))
         return rings[ring].group_size, 1.0
     if op.name() in SCALING:
@@ -101,7 +101,7 @@ def check_gloo(block):
         if name in ("pd_op.all_reduce", "pd_op.all_reduce_"):
             if op.attrs()["reduce_type"] == AVG:
                 raise CompileError(f"{name} with reduce_type AVG: gloo has no AVG reduce; sum, then scale")
-            if op.attrs()["reduce_type"] == 0 and op.operand_source(0).dtype == paddle.float16:
+            if op.attrs()["reduce_type"] == SUM and op.operand_source(0).dtype == paddle.float16:
                 raise CompileError(f"{name} sums float16: gloo returns inf for it; cast to float32 around it")
         if name in ("pd_op.reduce_scatter", "pd_op.all_to_all"):
             raise CompileError(f"{name} has no CPU kernel; lower it to all_reduce + slice")

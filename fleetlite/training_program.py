@@ -1,9 +1,9 @@
 """Rewrite a single-process training program into its data-parallel form (no processes touched).
 
-`build` is what `DistributedOptimizer.minimize` and `fleetlite explain` share: backward ->
-compile -> the inner optimizer's `apply_gradients` on the reduced gradients, then the
-startup program broadcasts every parameter from rank 0, so ranks start identical whatever
-their seeds. Ops carry Paddle's op roles (forward 0, backward and gradient communication 1,
+`build` is what `DistributedOptimizer.minimize` and `fleetlite explain` share: compile (its
+forward passes, backward, the rest) -> the inner optimizer's `apply_gradients` on the reduced
+gradients, then the startup program broadcasts every parameter from rank 0, so ranks start
+identical whatever their seeds. Ops carry Paddle's op roles (forward 0, backward and gradient communication 1,
 optimizer 2), which plain PIR programs leave at -1.
 """
 from dataclasses import dataclass
@@ -29,9 +29,13 @@ def build(loss, optimizer, strategy, topology, startup_program=None, parameter_l
     main = loss.block.program
     startup = startup_program or paddle.static.default_startup_program()
     program_edit.tag_untagged_roles(main.global_block(), program_edit.FORWARD)
-    with pir_op_role_guard(program_edit.BACKWARD):
-        params_grads = optimizer.backward(loss, startup, parameter_list, no_grad_set)
-    gradients, report = compiler.compile(main, params_grads, strategy, topology)
+
+    def backward(differentiated_loss):
+        with pir_op_role_guard(program_edit.BACKWARD):
+            return optimizer.backward(differentiated_loss, startup, parameter_list, no_grad_set)
+
+    with paddle.static.program_guard(main, startup):     # state a pass creates is initialised in `startup`
+        gradients, report = compiler.compile(main, None, strategy, topology, loss=loss, backward=backward)
     reduced = [(g.param, g.synced) for g in gradients]
     with paddle.static.program_guard(main, startup), pir_op_role_guard(program_edit.OPTIMIZE):
         optimize_ops = optimizer.apply_gradients(reduced)

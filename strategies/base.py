@@ -13,8 +13,9 @@ A pass is one strategy knob turned into a program rewrite. It declares
 - `apply(context)`: edits `context.program` (only through `context.edit()`, which tags every
   created op with the pass's name) and returns a `PassResult`.
 
-Later passes fit the same slots: AMP casts are a FORWARD_REWRITE, gradient merge a
-BACKWARD_REWRITE, top-k a COMMUNICATION alternative to data_parallel, thread counts EXECUTION.
+Later passes fit the same slots: AMP casts are a FORWARD_REWRITE (run before backward, see
+compiler), gradient merge a BACKWARD_REWRITE, top-k a COMMUNICATION alternative to
+data_parallel, AMP's unscale a REDUCED_REWRITE, thread counts EXECUTION.
 """
 import abc
 import enum
@@ -26,12 +27,13 @@ from fleetlite.ring_table import RingTable
 
 
 class Phase(enum.IntEnum):
-    FORWARD_REWRITE = 1    # rewrite the forward computation (AMP casts, recompute)
+    FORWARD_REWRITE = 1    # rewrite the forward before backward exists (AMP casts, recompute)
     BACKWARD_REWRITE = 2   # rewrite the gradients before they leave the rank (gradient merge)
     COMMUNICATION = 3      # decide how gradients cross ranks (all-reduce; top-k later)
     COMM_LAYOUT = 4        # shape that communication: buckets, rings, hierarchical stages
-    LOWERING = 5           # make the layout runnable on this backend (gloo: ring 0 only)
-    EXECUTION = 6          # runtime settings the program needs (flags, streams)
+    REDUCED_REWRITE = 5    # rewrite the reduced gradients before the update (AMP unscale, overflow)
+    LOWERING = 6           # make the layout runnable on this backend (gloo: ring 0 only)
+    EXECUTION = 7          # runtime settings the program needs (flags, streams)
 
 
 @dataclass
@@ -66,6 +68,7 @@ class CompileContext:
         self.strategy = strategy
         self.topology = topology
         self.gradients = gradients          # [GradientSync] in ready order (backward's)
+        self.loss = None                    # what backward differentiates (FORWARD_REWRITE may replace it)
         self.buckets = []                   # [gradient_buckets.Bucket] in issue order
         self.rings = RingTable(topology.world_size)
         self.gradient_scale = None          # factor applied after the sum (None: no scaling)
