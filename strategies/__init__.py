@@ -3,6 +3,7 @@
 The compiler instantiates the passes in REGISTRY whose knob is on and orders them by phase
 and their declared before/after edges; the position in this list only breaks ties.
 """
+from fleetlite.strategies.amp import Amp, AmpLossScaling
 from fleetlite.strategies.comm_rings import CommRings
 from fleetlite.strategies.data_parallel import DataParallel
 from fleetlite.strategies.fuse_all_reduce import FuseAllReduce
@@ -17,4 +18,6 @@ REGISTRY = (
     HierarchicalAllReduce,
     GlooLowering,
     SyncNcclAllReduce,
+    Amp,
+    AmpLossScaling,
 )

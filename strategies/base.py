@@ -72,6 +72,7 @@ class CompileContext:
         self.buckets = []                   # [gradient_buckets.Bucket] in issue order
         self.rings = RingTable(topology.world_size)
         self.gradient_scale = None          # factor applied after the sum (None: no scaling)
+        self.loss_scaling = None            # AMP's loss-scale state (strategies/amp.LossScaling), if scaled
         self.reduced = False                # True once a pass makes gradients cross ranks
         self.runtime_flags = {}             # Paddle flags the program needs at run time
         self.current_pass = None

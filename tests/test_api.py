@@ -85,7 +85,7 @@ def test_explain_command_shows_a_32_rank_gpu_job_without_training():
     assert report["topology"] == "rank 9/32 (local 1/8, node 1/4, gpu, nccl)"
     status = {r["name"]: r["status"] for r in report["records"]}
     assert status["nccl_comm_num"] == "applied" and status["gloo_lowering"] == "skipped"
-    assert status["amp"] == "skipped"                               # requested, not implemented yet: said so
+    assert status["amp"] == "skipped"                               # float16 on GPU needs a GPU build of Paddle: said so
     assert [r["ring"] for r in report["rings"]] == [0, 1] and len(report["buckets"]) == 10
     assert report["runtime_flags"] == {"FLAGS_sync_nccl_allreduce": True}
 

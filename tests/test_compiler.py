@@ -121,14 +121,14 @@ def test_strict_allows_skips_of_knobs_the_user_did_not_set():
 
 
 def test_requested_knobs_no_pass_reads_are_reported_or_rejected_under_strict():
-    _, report = compile_with(REGISTRY, amp=True, amp_configs={"init_loss_scaling": 1024.0},
+    _, report = compile_with(REGISTRY, localsgd=True, localsgd_configs={"k_steps": 4},
                              find_unused_parameters=True, data_configs={"seed": 3})
-    assert report.record("amp").reason == ("no fleetlite pass implements it yet "
-                                           "(set: amp, amp_configs.init_loss_scaling)")
+    assert report.record("localsgd").reason == ("no fleetlite pass implements it yet "
+                                                "(set: localsgd, localsgd_configs.k_steps)")
     assert report.record("find_unused_parameters").reason.startswith("not needed")
     assert "data_configs" not in {r.name for r in report.records}
-    with pytest.raises(CompileError, match="strict: amp was requested but no fleetlite pass implements it yet"):
-        compile_with(REGISTRY, amp=True, strict=True)
+    with pytest.raises(CompileError, match="strict: localsgd was requested but no fleetlite pass implements it yet"):
+        compile_with(REGISTRY, localsgd=True, strict=True)
 
 
 def test_topology_rules_are_checked_with_the_arithmetic():

@@ -1,0 +1,234 @@
+"""AMP: the casts the forward pass inserts (bfloat16 builds on CPU; float16 with the CPU recipe
+of notes/paddle3_cpu_facts.md §3), the loss-scaling ops after the gradient all-reduce, the
+configuration errors, and real training on 2 gloo ranks against one process on the full batch,
+with an overflow on one rank that every rank must skip.
+
+The CPU wheel has no float16 matmul/conv/relu/add kernels (not even to build their backward),
+so the float16 recipe black-lists them and white-lists pool2d; the loss-scaling ops run in
+float32 either way.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import paddle
+import pytest
+
+from fleetlite import (CompileError, DistributedStrategy, StrategyConflictError, Topology, compiler, program_edit,
+                       training_program)
+from fleetlite.mixed_precision import fp16_guard
+from multiprocess import run_job
+from workers.models import compiled_program, digits, loss as model_loss
+
+WORKER = Path(__file__).resolve().parent / "workers" / "numerics_worker.py"
+CPU_2, GPU_32 = Topology.grid(2), Topology.grid(32, 4, rank=9, device="gpu")
+RECIPE = {"custom_black_list": ["matmul", "conv2d", "relu", "elementwise_add", "flatten"],
+          "custom_white_list": ["pool2d"], "init_loss_scaling": 1024.0, "incr_every_n_steps": 2}
+OVERFLOW = {"custom_black_list": ["matmul", "relu", "elementwise_add"], "init_loss_scaling": 1024.0,
+            "decr_every_n_nan_or_inf": 1, "decr_ratio": 0.5}
+POISONED_RANK, POISONED_STEP = 1, 2
+UNSCALE = ["builtin.combine", "check_finite_and_unscale_", "builtin.split"]
+AGREE = ["cast", "all_reduce_(ring=0, max)", "cast"]
+UPDATE = ["full", "builtin.combine", "update_loss_scaling_", "builtin.split"]
+
+
+def amp_strategy(**configs):
+    strategy = DistributedStrategy()
+    strategy.amp = True
+    strategy.amp_configs = configs
+    return strategy
+
+
+def compile_amp(topology=CPU_2, model="mlp", **configs):
+    main, _, built = compiled_program(amp_strategy(**configs), topology, model)
+    return main, built.report
+
+
+def guarded_mlp(strategy, topology, rows=8):
+    """The digits MLP with its first layer built under fp16_guard; (main, startup, loss, report)."""
+    paddle.enable_static()
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [rows, 64], "float32")
+        y = paddle.static.data("y", [rows, 1], "int64")
+        with fp16_guard():
+            hidden = paddle.nn.functional.relu(paddle.nn.Linear(64, 32)(x))
+        loss = paddle.nn.functional.cross_entropy(paddle.nn.Linear(32, 10)(hidden), y)
+        report = training_program.build(loss, paddle.optimizer.SGD(0.1), strategy, topology, startup).report
+    return main, startup, loss, report
+
+
+def created(main, pass_name):
+    names = []
+    for op in program_edit.created_by(main.global_block(), pass_name):
+        name = op.name().replace("pd_op.", "")
+        if op.has_attr("reduce_type"):
+            name += f"(ring={op.attrs()['ring_id']}, {['sum', 'max'][op.attrs()['reduce_type']]})"
+        names.append(name)
+    return names
+
+
+def dtypes(main, op_name, result=0):
+    return [str(op.result(result).dtype).replace("paddle.", "") for op in main.global_block().ops if op.name() == op_name]
+
+
+# --- structure ---------------------------------------------------------------------------
+def test_bfloat16_o1_runs_matmuls_low_keeps_the_loss_float32_and_scales_nothing():
+    main, report = compile_amp(dtype="bfloat16")
+    assert created(main, "amp") == ["cast"] * 6        # x, w0 in; out back; h, w1 in; out back
+    assert dtypes(main, "pd_op.matmul") == ["bfloat16", "bfloat16"]
+    assert dtypes(main, "pd_op.matmul_grad", result=1) == ["bfloat16", "bfloat16"]   # backward follows the casts
+    assert dtypes(main, "pd_op.relu") == dtypes(main, "pd_op.cross_entropy_with_softmax") == ["float32"]
+    assert {b["dtype"] for b in report.buckets} == {"float32"}               # master gradients cross ranks
+    assert report.record("amp").summary == "O1 bfloat16: 2 ops in bfloat16, 6 casts"
+    assert report.record("amp_loss_scaling").reason == "bfloat16 keeps float32's exponent range: the loss is not scaled"
+
+
+def test_float16_scales_the_loss_and_unscales_after_the_all_reduce_with_ranks_agreeing():
+    main, report = compile_amp(CPU_2, "convbn", **RECIPE)
+    assert created(main, "amp") == ["data"] * 3 + ["cast", "cast", "multiply"]   # scale + step counters
+    assert dtypes(main, "pd_op.pool2d") == ["float16"] and dtypes(main, "pd_op.conv2d") == ["float32"]
+    assert created(main, "amp_loss_scaling") == UNSCALE + AGREE + UPDATE
+    ops = main.global_block().ops
+    names = [op.name() for op in ops]
+    last_sum = max(i for i, op in enumerate(ops) if op.name() == "pd_op.all_reduce_" and op.attrs()["reduce_type"] == 0)
+    assert last_sum < names.index("pd_op.check_finite_and_unscale_")
+    assert names.index("pd_op.update_loss_scaling_") < names.index("pd_op.sgd_")
+    scaled = next(op for op in ops if op.name() == "pd_op.multiply" and program_edit.provenance(op) == "amp")
+    assert scaled.operand_source(1).name == report.record("amp").details["loss_scaling"] == "loss_scaling_0"
+
+
+@pytest.mark.skipif(paddle.is_compiled_with_cuda(), reason="a GPU build can build float16 backward ops")
+def test_a_float16_gpu_program_is_not_built_on_a_cpu_build_of_paddle():
+    _, report = compile_amp(GPU_32, "convbn", **RECIPE)
+    assert report.record("amp").reason.startswith("this Paddle build has no GPU kernels")
+    assert report.record("amp_loss_scaling").reason.startswith("needs amp, which was skipped")
+
+
+@pytest.mark.skipif(paddle.is_compiled_with_cuda(), reason="a GPU build has float16 matmul kernels")
+def test_paddles_refusal_to_differentiate_float16_ops_names_the_rewrite():
+    with pytest.raises(CompileError, match=r"backward of the forward as amp rewrote it failed: .*matmul_grad"):
+        compile_amp()
+
+
+def test_one_rank_skips_the_agreement_but_not_the_scaling():
+    main, _ = compile_amp(Topology.grid(1), "convbn", **RECIPE)
+    assert created(main, "amp_loss_scaling") == UNSCALE + UPDATE
+
+
+def test_static_loss_scaling_only_unscales():
+    main, report = compile_amp(use_dynamic_loss_scaling=False, **OVERFLOW)
+    assert created(main, "amp") == ["data", "multiply"]
+    assert created(main, "amp_loss_scaling") == UNSCALE + AGREE
+    assert report.record("amp_loss_scaling").summary.startswith("4 gradients unscaled (static scale)")
+
+
+def test_o2_runs_every_op_low_but_the_black_list_in_legacy_or_pir_names_and_the_loss():
+    main, report = compile_amp(dtype="bfloat16", use_pure_fp16=True, use_fp16_guard=False,
+                               custom_black_list=["softmax_with_cross_entropy"])
+    assert set(dtypes(main, "pd_op.add")) == set(dtypes(main, "pd_op.relu")) == {"bfloat16"}
+    assert dtypes(main, "pd_op.cross_entropy_with_softmax") == dtypes(main, "pd_op.mean") == ["float32"]
+    assert report.record("amp").details["level"] == "O2"
+
+
+def test_o2_with_the_fp16_guard_runs_only_the_guarded_ops_low():
+    main, _, _, _ = guarded_mlp(amp_strategy(use_pure_bf16=True), CPU_2)
+    assert dtypes(main, "pd_op.matmul") == ["bfloat16", "float32"]
+    assert dtypes(main, "pd_op.relu") == ["bfloat16"]
+
+
+def test_o2_with_the_fp16_guard_and_no_guarded_op_is_an_error():
+    with pytest.raises(CompileError, match=r"use_fp16_guard is on but no op was built under "
+                                           r"fleetlite.mixed_precision.fp16_guard\(\)"):
+        compile_amp(dtype="bfloat16", use_pure_fp16=True)
+
+
+def test_black_varnames_and_in_place_ops_stay_float32():
+    main, _ = compile_amp(dtype="bfloat16", custom_black_varnames=["linear_0.w_0"])
+    assert dtypes(main, "pd_op.matmul") == ["float32", "bfloat16"]
+    main, _ = compile_amp(model="convbn", dtype="bfloat16", custom_white_list=["batch_norm"])
+    assert dtypes(main, "pd_op.batch_norm_") == ["float32"]      # a cast operand would take its running stats
+
+
+@pytest.mark.parametrize("configs, message", [
+    ({"custom_white_list": ["elementwise_add"], "custom_black_list": ["add"]},
+     "amp_configs lists add as both white"),
+    ({"use_pure_fp16": True, "use_pure_bf16": True}, "use_pure_fp16 and use_pure_bf16 ask for two O2 dtypes"),
+])
+def test_contradictory_configs_are_errors(configs, message):
+    with pytest.raises(StrategyConflictError, match=message):
+        amp_strategy(**configs).validate(CPU_2)
+
+
+def test_optimizer_state_in_float16_is_refused_not_ignored():
+    with pytest.raises(CompileError, match="use_optimizer_fp16 is not implemented"):
+        compile_amp(dtype="bfloat16", use_optimizer_fp16=True)
+
+
+def test_a_program_that_already_has_backward_cannot_be_cast():
+    paddle.enable_static()
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [8, 64], "float32")
+        y = paddle.static.data("y", [8, 1], "int64")
+        params_grads = paddle.optimizer.SGD(0.1).backward(model_loss("mlp", x, y, 1))
+    _, report = compiler.compile(main, params_grads, amp_strategy(dtype="bfloat16"), CPU_2)
+    assert report.record("amp").reason == compiler.BACKWARD_EXISTS
+    assert report.record("amp_loss_scaling").reason.startswith("needs amp, which was skipped")
+
+
+# --- real training on 2 ranks ---------------------------------------------------------------
+SCENARIOS = {
+    "recipe": {"model": "convbn", "strategy": {"amp": True, "amp_configs": RECIPE}, "optimizer": "momentum",
+               "batch_norm_over": "shard"},
+    "overflow": {"model": "mlp", "strategy": {"amp": True, "amp_configs": OVERFLOW}, "optimizer": "sgd",
+                 "batch_norm_over": "shard", "poison": [POISONED_RANK, POISONED_STEP]},
+}
+RUNNING_STATISTICS = ("batch_norm2d_0.w_1", "batch_norm2d_0.w_2")   # per-shard, updated once per shard
+
+
+@pytest.fixture(scope="module")
+def trained():
+    scenarios = json.dumps(SCENARIOS)
+    oracle = run_job(WORKER, 1, args=[2, scenarios], timeout=150)[0]
+    return oracle, run_job(WORKER, 2, args=[2, scenarios], timeout=150)
+
+
+def test_float16_recipe_on_2_ranks_trains_like_one_process_on_the_full_batch(trained):
+    oracle, ranks = trained
+    expected = oracle["recipe"]
+    assert {"amp", "amp_loss_scaling"} <= set(ranks[0]["recipe"]["applied"])
+    for rank in ranks:
+        got = rank["recipe"]
+        for param, values in expected["params"][-1].items():
+            if param not in RUNNING_STATISTICS:
+                np.testing.assert_allclose(got["params"][-1][param], values, rtol=0, atol=1e-5, err_msg=param)
+        assert got["scales"] == expected["scales"] == [1024.0, 2048.0, 2048.0, 4096.0]   # x2 every 2 finite steps
+    mean_loss = np.mean([rank["recipe"]["losses"] for rank in ranks], axis=0)
+    np.testing.assert_allclose(mean_loss, expected["losses"], rtol=0, atol=1e-5)
+
+
+def test_an_overflow_on_one_rank_is_skipped_by_every_rank(trained):
+    oracle, ranks = trained
+    for rank in ranks:
+        run = rank["overflow"]
+        before, at = run["params"][POISONED_STEP - 1], run["params"][POISONED_STEP]
+        assert before == at                                             # the step was skipped
+        assert run["params"][POISONED_STEP + 1] != at                   # and training went on
+        assert run["scales"] == [1024.0, 1024.0, 512.0, 512.0]         # x decr_ratio at the overflow
+        assert run["params"] == ranks[0]["overflow"]["params"]          # ranks stay identical
+    for param, values in oracle["overflow"]["params"][-1].items():
+        np.testing.assert_allclose(ranks[0]["overflow"]["params"][-1][param], values, rtol=0, atol=1e-5)
+
+
+@pytest.mark.skipif(not paddle.base.core.supports_bfloat16(),
+                    reason="this CPU has no AVX-512 bf16: Paddle's bfloat16 kernels are oneDNN-only and fail here")
+def test_bfloat16_o2_trains_where_the_cpu_supports_it():
+    main, startup, loss, _ = guarded_mlp(amp_strategy(use_pure_bf16=True), Topology.grid(1), rows=16)
+    x, y = digits(64)
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    with paddle.static.scope_guard(paddle.static.Scope()):
+        exe.run(startup)
+        losses = [float(exe.run(main, feed={"x": x[i * 16:(i + 1) * 16], "y": y[i * 16:(i + 1) * 16]},
+                                fetch_list=[loss])[0]) for i in range(4)]
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
