@@ -6,6 +6,7 @@ and their declared before/after edges; the position in this list only breaks tie
 from fleetlite.strategies.amp import Amp, AmpLossScaling
 from fleetlite.strategies.comm_rings import CommRings
 from fleetlite.strategies.data_parallel import DataParallel
+from fleetlite.strategies.fp16_allreduce import Fp16AllReduce
 from fleetlite.strategies.fuse_all_reduce import FuseAllReduce
 from fleetlite.strategies.gloo_lowering import GlooLowering
 from fleetlite.strategies.hierarchical_allreduce import HierarchicalAllReduce
@@ -20,4 +21,5 @@ REGISTRY = (
     SyncNcclAllReduce,
     Amp,
     AmpLossScaling,
+    Fp16AllReduce,
 )
