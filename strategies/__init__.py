@@ -10,6 +10,7 @@ from fleetlite.strategies.fp16_allreduce import Fp16AllReduce
 from fleetlite.strategies.fuse_all_reduce import FuseAllReduce
 from fleetlite.strategies.gloo_lowering import GlooLowering
 from fleetlite.strategies.hierarchical_allreduce import HierarchicalAllReduce
+from fleetlite.strategies.sync_batch_norm import SyncBatchNorm
 from fleetlite.strategies.sync_nccl_allreduce import SyncNcclAllReduce
 
 REGISTRY = (
@@ -22,4 +23,5 @@ REGISTRY = (
     Amp,
     AmpLossScaling,
     Fp16AllReduce,
+    SyncBatchNorm,
 )
