@@ -18,7 +18,8 @@ from fleetlite import (CompileError, DistributedStrategy, StrategyConflictError,
                        training_program)
 from fleetlite.mixed_precision import fp16_guard
 from multiprocess import run_job
-from workers.models import compiled_program, digits, loss as model_loss
+from test_compiler import backward_program
+from workers.models import compiled_program, digits
 
 WORKER = Path(__file__).resolve().parent / "workers" / "numerics_worker.py"
 CPU_2, GPU_32 = Topology.grid(2), Topology.grid(32, 4, rank=9, device="gpu")
@@ -166,12 +167,7 @@ def test_optimizer_state_in_float16_is_refused_not_ignored():
 
 
 def test_a_program_that_already_has_backward_cannot_be_cast():
-    paddle.enable_static()
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
-        x = paddle.static.data("x", [8, 64], "float32")
-        y = paddle.static.data("y", [8, 1], "int64")
-        params_grads = paddle.optimizer.SGD(0.1).backward(model_loss("mlp", x, y, 1))
+    main, _, params_grads = backward_program()
     _, report = compiler.compile(main, params_grads, amp_strategy(dtype="bfloat16"), CPU_2)
     assert report.record("amp").reason == compiler.BACKWARD_EXISTS
     assert report.record("amp_loss_scaling").reason.startswith("needs amp, which was skipped")
