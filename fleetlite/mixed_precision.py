@@ -40,7 +40,7 @@ def name_of(op):
     return op.name().split(".", 1)[-1]
 
 
-def retypable(op):
+def _retypable(op):
     """Whether an op's results can simply be retyped to the low dtype."""
     return (op.name().startswith("pd_op.") and not op.has_attr("dtype") and op.num_regions() == 0
             and any(_is_float(source) for source in op.operands_source())
@@ -70,7 +70,7 @@ def cast_forward(context, ops, low_dtype, runs_low):
         return cache[program_edit.key(value)]
 
     for op in ops:
-        if retypable(op) and runs_low(op, is_low):
+        if _retypable(op) and runs_low(op, is_low):
             for operand in op.operands():
                 if _dtype(operand.source()) == FLOAT32:
                     operand.set_source(cast(op, operand.source(), low_dtype, to_low))
