@@ -21,6 +21,10 @@ backward differentiates what they built. `training_program.build` therefore hand
 loss and a `backward` function instead of gradients: the forward passes run, then backward (of
 the loss they leave, e.g. AMP's scaled loss), then the rest. Given gradients, the forward passes
 are skipped with that reason.
+
+UPDATE_REWRITE passes (gradient merge's conditional branch, merged_adam_) rewrite the optimizer
+update, so they need it built: given an `update` function (the inner optimizer's
+apply_gradients), compile calls it on the reduced gradients before the first of them.
 """
 import heapq
 
@@ -34,12 +38,13 @@ from fleetlite.strategies.base import CompileContext, GradientSync, Phase
 BACKWARD_EXISTS = "it rewrites the forward before backward, and this program already has backward"
 
 
-def compile(program, params_grads, strategy, topology, registry=REGISTRY, loss=None, backward=None):
+def compile(program, params_grads, strategy, topology, registry=REGISTRY, loss=None, backward=None, update=None):
     """Rewrite `program` for `topology`; returns ([GradientSync], CompileReport).
 
     Each GradientSync's `synced` is the value the optimizer must read for its parameter.
     Either `params_grads` (backward already ran) or `loss` and `backward` (loss -> params_grads),
-    which compile calls after the FORWARD_REWRITE passes.
+    which compile calls after the FORWARD_REWRITE passes. `update([(param, reduced grad)])`
+    builds the optimizer update; compile calls it before the UPDATE_REWRITE passes.
     """
     strategy.validate(topology)
     passes = [cls(strategy) for cls in registry]
@@ -59,13 +64,20 @@ def compile(program, params_grads, strategy, topology, registry=REGISTRY, loss=N
     if backward is not None:
         params_grads = _differentiate(backward, context, state.done)
     context.gradients = gradients_in_ready_order(program, params_grads)
-    report.records += _run_passes(ordered[len(forward):], context, state)
+    rest = ordered[len(forward):]
+    before_update = [p for p in rest if p.phase < Phase.UPDATE_REWRITE]
+    report.records += _run_passes(before_update, context, state)
+    if update is not None:
+        update([(g.param, g.synced) for g in context.gradients])
+        invariants.check_defined_before_use(context.block)
+        invariants.check_optimizer_reads_synced(context.block, context.gradients)
+    report.records += _run_passes(rest[len(before_update):], context, state)
     report.records += [PassRecord(p.name, p.phase.name, OFF, p.config()) for p in passes if not p.enabled()]
     report.records += [PassRecord(knob, "-", SKIPPED, reason=reason) for knob, reason in unclaimed]
     if topology.device == "cpu":
         invariants.check_gloo(context.block)      # also when no lowering pass ran
     report.buckets = [b.describe(context.gradients) for b in context.buckets]
-    used = {program_edit.int_attr(op, "ring_id") for op in context.block.ops} - {None}
+    used = {program_edit.int_attr(op, "ring_id") for op in program_edit.walk(context.block)} - {None}
     report.rings = [ring.describe(topology.rank) for ring in context.rings if ring.ring_id in used]
     report.runtime_flags = dict(context.runtime_flags)
     return context.gradients, report
@@ -191,12 +203,12 @@ def _skip_reason(current, skipped, context):
 
 def _run(current, context, order, done):
     block = context.block
-    before = {op.id(): op.name() for op in block.ops}
+    before = {op.id(): op.name() for op in program_edit.walk(block)}
     context.current_pass = current.name
     where = f"in pass {current.name}" + (f" (after {', '.join(done)})" if done else "")
     try:
         result = current.apply(context)
-        after = block.ops
+        after = list(program_edit.walk(block))
         added = [op for op in after if op.id() not in before]
         untagged = [op.name() for op in added if program_edit.provenance(op) != current.name]
         if untagged:

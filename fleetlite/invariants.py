@@ -41,7 +41,7 @@ def check_defined_before_use(block):
 
 
 def check_rings_registered(context):
-    for op in context.block.ops:
+    for op in program_edit.walk(context.block):
         for attr in ("ring_id", program_edit.EMULATES):
             ring = program_edit.int_attr(op, attr)
             if ring is not None and ring not in context.rings:
@@ -93,7 +93,7 @@ def _effect(op, rings):
 
 def check_gloo(block):
     """Reject what gloo would get silently wrong or cannot run (each measured on Paddle 3.3.1)."""
-    for op in block.ops:
+    for op in program_edit.walk(block):
         name, ring = op.name(), program_edit.int_attr(op, "ring_id")
         if ring not in (None, 0):
             raise CompileError(f"{name} uses ring {ring} on CPU: a process has one static communicator "

@@ -36,9 +36,17 @@ def int_attr(op, name, default=None):
     return op.attrs()[name] if op.has_attr(name) else default
 
 
+def walk(block):
+    """Every op of `block` and of the blocks nested in its ops (an `if`'s branches), in order."""
+    for op in block.ops:
+        yield op
+        for inner in op.blocks():
+            yield from walk(inner)
+
+
 def created_by(block, pass_name):
-    """The ops of `block` that `pass_name` created, in program order."""
-    return [op for op in block.ops if provenance(op) == pass_name]
+    """The ops of `block` (nested blocks included) that `pass_name` created, in program order."""
+    return [op for op in walk(block) if provenance(op) == pass_name]
 
 
 @contextlib.contextmanager
@@ -48,7 +56,7 @@ def inserting(program, tag, before=None, after=None, role=None):
     Yields a list that, on exit, holds the created ops in program order.
     """
     block = program.global_block()
-    existing = {op.id() for op in block.ops}
+    existing = {op.id() for op in walk(block)}
     created = []
     guard_role = paddle.base.framework.pir_op_role_guard(role) if role is not None else contextlib.nullcontext()
     with paddle.static.program_guard(program), guard_role:
@@ -60,7 +68,7 @@ def inserting(program, tag, before=None, after=None, role=None):
             yield created
         finally:
             paddle.pir.reset_insertion_point_to_end()
-    for op in block.ops:
+    for op in walk(block):
         if op.id() not in existing:
             op.set_str_attr(PROVENANCE, tag)
             created.append(op)

@@ -1,10 +1,11 @@
 """Rewrite a single-process training program into its data-parallel form (no processes touched).
 
 `build` is what `DistributedOptimizer.minimize` and `fleetlite explain` share: compile (its
-forward passes, backward, the rest) -> the inner optimizer's `apply_gradients` on the reduced
-gradients, then the startup program broadcasts every parameter from rank 0, so ranks start
-identical whatever their seeds. Ops carry Paddle's op roles (forward 0, backward and gradient communication 1,
-optimizer 2), which plain PIR programs leave at -1.
+forward passes, backward, the rest, and the inner optimizer's `apply_gradients` on the reduced
+gradients before the passes that rewrite the update), then the startup program broadcasts every
+parameter from rank 0, so ranks start identical whatever their seeds. Ops carry Paddle's op
+roles (forward 0, backward and gradient communication 1, optimizer 2), which plain PIR programs
+leave at -1.
 """
 from dataclasses import dataclass
 from typing import Any, List
@@ -12,7 +13,7 @@ from typing import Any, List
 import paddle
 from paddle.base.framework import pir_op_role_guard
 
-from fleetlite import compiler, invariants, program_edit
+from fleetlite import compiler, program_edit
 from fleetlite.compile_report import CompileReport
 
 BROADCAST = "broadcast_parameters"
@@ -34,13 +35,15 @@ def build(loss, optimizer, strategy, topology, startup_program=None, parameter_l
         with pir_op_role_guard(program_edit.BACKWARD):
             return optimizer.backward(differentiated_loss, startup, parameter_list, no_grad_set)
 
+    def update(reduced):
+        with pir_op_role_guard(program_edit.OPTIMIZE):
+            optimizer.apply_gradients(reduced)
+
     with paddle.static.program_guard(main, startup):     # state a pass creates is initialised in `startup`
-        gradients, report = compiler.compile(main, None, strategy, topology, loss=loss, backward=backward)
+        gradients, report = compiler.compile(main, None, strategy, topology, loss=loss, backward=backward,
+                                             update=update)
     reduced = [(g.param, g.synced) for g in gradients]
-    with paddle.static.program_guard(main, startup), pir_op_role_guard(program_edit.OPTIMIZE):
-        optimize_ops = optimizer.apply_gradients(reduced)
-    invariants.check_defined_before_use(main.global_block())
-    invariants.check_optimizer_reads_synced(main.global_block(), gradients)
+    optimize_ops = [op for op in program_edit.walk(main.global_block()) if op.op_role == program_edit.OPTIMIZE]
     if topology.world_size > 1:
         report.startup[BROADCAST] = broadcast_parameters(startup)
     return DataParallelProgram(optimize_ops, reduced, report)

@@ -33,7 +33,8 @@ class Phase(enum.IntEnum):
     COMM_LAYOUT = 4        # shape that communication: buckets, rings, hierarchical stages
     REDUCED_REWRITE = 5    # rewrite the reduced gradients before the update (AMP unscale, overflow)
     LOWERING = 6           # make the layout runnable on this backend (gloo: ring 0 only)
-    EXECUTION = 7          # runtime settings the program needs (flags, streams)
+    UPDATE_REWRITE = 7     # after apply_gradients: rewrite the update (gradient merge's condition, merged_adam_)
+    EXECUTION = 8          # runtime settings the program needs (flags, streams)
 
 
 @dataclass
