@@ -9,6 +9,7 @@ from fleetlite.strategies.data_parallel import DataParallel
 from fleetlite.strategies.fp16_allreduce import Fp16AllReduce
 from fleetlite.strategies.fuse_all_reduce import FuseAllReduce
 from fleetlite.strategies.gloo_lowering import GlooLowering
+from fleetlite.strategies.gradient_merge import GradientMerge, GradientMergeUpdate
 from fleetlite.strategies.hierarchical_allreduce import HierarchicalAllReduce
 from fleetlite.strategies.sync_batch_norm import SyncBatchNorm
 from fleetlite.strategies.sync_nccl_allreduce import SyncNcclAllReduce
@@ -24,4 +25,6 @@ REGISTRY = (
     AmpLossScaling,
     Fp16AllReduce,
     SyncBatchNorm,
+    GradientMerge,
+    GradientMergeUpdate,
 )
