@@ -14,7 +14,7 @@ import os
 
 import paddle
 
-from fleetlite import process_group, training_program
+from fleetlite import process_group, steps_per_run, training_program
 from fleetlite.env_contract import EXPLAIN_ONLY, read_topology
 from fleetlite.errors import FleetliteError, StrategyConflictError
 from fleetlite.strategy import DistributedStrategy
@@ -99,6 +99,7 @@ class DistributedOptimizer:
         self.user_defined_strategy = strategy
         self.topology = topology
         self.compile_report = None
+        self._program = None        # the training program minimize() built
 
     def __getattr__(self, name):
         if name == "inner_opt":          # not set yet (e.g. during copy): do not recurse
@@ -114,7 +115,21 @@ class DistributedOptimizer:
             raise SystemExit(0)
         if self.topology.device == "gpu" and self.topology.world_size > 1:
             process_group.create_nccl_rings(built.report.rings, self.topology)
+        if built.report.runtime_flags:
             paddle.set_flags(built.report.runtime_flags)
+        self._program = loss.block.program
         if self.topology.rank == 0:
             print(built.report.table(), flush=True)
         return built.optimize_ops, built.params_grads
+
+    def prepare_executor(self, executor):
+        """Set up `executor` for the program `minimize` built; returns it.
+
+        With `execution_strategy.num_iteration_per_run` N > 1, each `executor.run` of that program
+        then takes N batches stacked along axis 0, runs N steps and fetches N values per target
+        (see steps_per_run; run the startup program before, or with another executor).
+        """
+        if self._program is None:
+            raise FleetliteError("prepare_executor() needs the program minimize() builds: call minimize() first")
+        steps = self.user_defined_strategy.execution_strategy.num_iteration_per_run
+        return steps_per_run.install(executor, self._program, steps) if steps > 1 else executor

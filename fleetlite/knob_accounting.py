@@ -14,6 +14,13 @@ NO_WORK = {
     "without_graph_optimization": "Fleet's raw-program switch; fleetlite always rewrites the program itself",
     "calc_comm_same_stream": "accepted for compatibility; stream placement is left to Paddle",
     "a_sync": "parameter-server only; collective training ignores it",
+    "execution_strategy": "no Paddle 3 equivalent: its executor keeps no per-iteration scope to drop (it frees each "
+                          "tensor after its last reader) and runs no per-device threads to hold at a barrier",
+    "build_strategy": "an option of the legacy ParallelExecutor; Paddle 3's executor has no equivalent",
+    "fuse_grad_merge": "fleetlite keeps one accumulator per gradient and packs buckets once per k steps, when they "
+                       "are communicated; fused accumulators would need coalesce_tensor views, which do not see "
+                       "an in-place all-reduce on CPU",
+    "fuse_grad_size_in_num": "it sizes fuse_grad_merge's groups, which fleetlite does not build (see fuse_grad_merge)",
 }
 NOT_YET = "no fleetlite pass implements it yet"
 

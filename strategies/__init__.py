@@ -7,6 +7,9 @@ from fleetlite.strategies.amp import Amp, AmpLossScaling
 from fleetlite.strategies.build_strategy_fusions import OpFusion
 from fleetlite.strategies.comm_rings import CommRings
 from fleetlite.strategies.data_parallel import DataParallel
+from fleetlite.strategies.device_flags import (ConvWorkspaceSizeLimit, CudnnBatchNormSpatialPersistent,
+                                               CudnnExhaustiveSearch)
+from fleetlite.strategies.execution_knobs import ExecutorThreads, InplaceReuse, SequentialExecution, StepsPerRun
 from fleetlite.strategies.fp16_allreduce import Fp16AllReduce
 from fleetlite.strategies.fuse_all_reduce import FuseAllReduce
 from fleetlite.strategies.fuse_optimizer import FuseAllOptimizerOps
@@ -33,4 +36,11 @@ REGISTRY = (
     FuseAllOptimizerOps,
     OpFusion,
     ScaleGradient,
+    ExecutorThreads,
+    SequentialExecution,
+    InplaceReuse,
+    StepsPerRun,
+    CudnnExhaustiveSearch,
+    ConvWorkspaceSizeLimit,
+    CudnnBatchNormSpatialPersistent,
 )

@@ -87,7 +87,8 @@ def test_explain_command_shows_a_32_rank_gpu_job_without_training():
     assert status["nccl_comm_num"] == "applied" and status["gloo_lowering"] == "skipped"
     assert status["amp"] == "skipped"                               # float16 on GPU needs a GPU build of Paddle: said so
     assert [r["ring"] for r in report["rings"]] == [0, 1] and len(report["buckets"]) == 10
-    assert report["runtime_flags"] == {"FLAGS_sync_nccl_allreduce": True}
+    assert report["runtime_flags"] == {"FLAGS_sync_nccl_allreduce": True, "FLAGS_new_executor_serial_run": False,
+                                       "FLAGS_pir_apply_inplace_pass": True}   # num_threads: 3, enable_inplace
 
 
 def test_explain_command_errors_name_the_cause():
