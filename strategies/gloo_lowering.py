@@ -17,7 +17,6 @@ compiler's guard then rejects any ring other than 0 left in the program.
 import collections
 import math
 
-import numpy as np
 import paddle
 
 from fleetlite import gradient_buckets, program_edit
@@ -136,6 +135,6 @@ def _group_gather(source, ring, rank, world):
     """all_gather over this rank's group: gather from the world, keep the members' rows."""
     _, members = ring.group_of(rank)
     gathered = paddle._C_ops.all_gather(source, 0, world)
-    rows = paddle.reshape(gathered, [world, -1])
-    kept = paddle.gather(rows, paddle.assign(np.array(members, dtype="int64")))
+    rows = paddle.split(paddle.reshape(gathered, [world, -1]), world)   # split and concat have
+    kept = paddle.concat([rows[member] for member in members])           # fp16 CPU kernels; gather has none
     return paddle.reshape(kept, [len(members) * source.shape[0]] + list(source.shape[1:]))

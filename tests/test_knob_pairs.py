@@ -50,8 +50,6 @@ TOLERANCE = 1e-5
 # rounds every gradient on the wire and the oracle has no wire; amp 2e-5 with sync_batch_norm,
 # a 1e-7 difference in the global statistics flips a float16 rounding after them).
 LOW_PRECISION = {"amp": 1e-4, "fp16_allreduce": 2e-4}
-KNOWN_BUGS = {"hierarchical+fp16_allreduce": "gloo_lowering emulates the intra-node all_gather with paddle.gather, "
-                                             "which has no float16 CPU kernel: the compile fails"}
 
 
 def combine(a, b):
@@ -89,8 +87,7 @@ def test_every_registered_pass_is_turned_on_by_some_knob():
     assert {cls.name for cls in REGISTRY} - always_on - turned_on == set()
 
 
-@pytest.mark.parametrize("pair", [pytest.param(name, marks=pytest.mark.xfail(reason=KNOWN_BUGS[name], strict=True))
-                                  if name in KNOWN_BUGS else name for name in PAIRS])
+@pytest.mark.parametrize("pair", PAIRS)
 def test_pair_trains_like_one_process_or_is_a_named_conflict(trained, pair):
     a, b = PAIRS[pair]
     world = 4 if NEEDS_TWO_NODES & {a, b} else 2
