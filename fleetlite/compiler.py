@@ -43,7 +43,7 @@ def compile(program, params_grads, strategy, topology, registry=REGISTRY, loss=N
 
     Each GradientSync's `synced` is the value the optimizer must read for its parameter.
     Either `params_grads` (backward already ran) or `loss` and `backward` (loss -> params_grads),
-    which compile calls after the FORWARD_REWRITE passes. `update([(param, reduced grad)])`
+    which compile calls after the FORWARD_REWRITE passes. `update([(param, reduced grad)], found_inf)`
     builds the optimizer update; compile calls it before the UPDATE_REWRITE passes.
     """
     strategy.validate(topology)
@@ -68,7 +68,7 @@ def compile(program, params_grads, strategy, topology, registry=REGISTRY, loss=N
     before_update = [p for p in rest if p.phase < Phase.UPDATE_REWRITE]
     report.records += _run_passes(before_update, context, state)
     if update is not None:
-        update([(g.param, g.synced) for g in context.gradients])
+        update([(g.param, g.synced) for g in context.gradients], context.found_inf)
         invariants.check_defined_before_use(context.block)
         invariants.check_optimizer_reads_synced(context.block, context.gradients)
     report.records += _run_passes(rest[len(before_update):], context, state)

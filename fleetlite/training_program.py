@@ -35,7 +35,9 @@ def build(loss, optimizer, strategy, topology, startup_program=None, parameter_l
         with pir_op_role_guard(program_edit.BACKWARD):
             return optimizer.backward(differentiated_loss, startup, parameter_list, no_grad_set)
 
-    def update(reduced):
+    def update(reduced, found_inf):
+        if found_inf is not None:   # Paddle's Adam family then skips the step, moments included
+            optimizer._set_auxiliary_var("found_inf", found_inf)
         with pir_op_role_guard(program_edit.OPTIMIZE):
             optimizer.apply_gradients(reduced)
 

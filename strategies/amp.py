@@ -207,6 +207,7 @@ class AmpLossScaling(Pass):
                     configs.decr_ratio, False)
         for grad, value in zip(context.gradients, unscaled):
             grad.synced = value
+        context.found_inf = found_inf
         agreed = "; the overflow flag is MAX-reduced on ring 0" if context.topology.world_size > 1 else ""
         if not configs.use_dynamic_loss_scaling:
             return PassResult(f"{len(grads)} gradients unscaled (static scale){agreed}", {"gradients": len(grads)})

@@ -74,6 +74,7 @@ class CompileContext:
         self.rings = RingTable(topology.world_size)
         self.gradient_scale = None          # factor applied after the sum (None: no scaling)
         self.loss_scaling = None            # AMP's loss-scale state (strategies/amp.LossScaling), if scaled
+        self.found_inf = None               # AMP's overflow flag: the optimizer skips its update when set
         self.reduced = False                # True once a pass makes gradients cross ranks
         self.runtime_flags = {}             # Paddle flags the program needs at run time
         self.current_pass = None

@@ -179,6 +179,10 @@ SCENARIOS = {
                "batch_norm_over": "shard"},
     "overflow": {"model": "mlp", "strategy": {"amp": True, "amp_configs": OVERFLOW}, "optimizer": "sgd",
                  "batch_norm_over": "shard", "poison": [POISONED_RANK, POISONED_STEP]},
+    # Adam would still move the parameters with zeroed gradients (its moments carry on) unless
+    # the overflow flag reaches adam_ as skip_update
+    "overflow_adam": {"model": "mlp", "strategy": {"amp": True, "amp_configs": OVERFLOW}, "optimizer": "adam",
+                      "batch_norm_over": "shard", "poison": [POISONED_RANK, POISONED_STEP]},
 }
 RUNNING_STATISTICS = ("batch_norm2d_0.w_1", "batch_norm2d_0.w_2")   # per-shard, updated once per shard
 
@@ -204,17 +208,18 @@ def test_float16_recipe_on_2_ranks_trains_like_one_process_on_the_full_batch(tra
     np.testing.assert_allclose(mean_loss, expected["losses"], rtol=0, atol=1e-5)
 
 
-def test_an_overflow_on_one_rank_is_skipped_by_every_rank(trained):
+@pytest.mark.parametrize("scenario", ["overflow", "overflow_adam"])
+def test_an_overflow_on_one_rank_is_skipped_by_every_rank(trained, scenario):
     oracle, ranks = trained
     for rank in ranks:
-        run = rank["overflow"]
+        run = rank[scenario]
         before, at = run["params"][POISONED_STEP - 1], run["params"][POISONED_STEP]
         assert before == at                                             # the step was skipped
         assert run["params"][POISONED_STEP + 1] != at                   # and training went on
         assert run["scales"] == [1024.0, 1024.0, 512.0, 512.0]         # x decr_ratio at the overflow
-        assert run["params"] == ranks[0]["overflow"]["params"]          # ranks stay identical
-    for param, values in oracle["overflow"]["params"][-1].items():
-        np.testing.assert_allclose(ranks[0]["overflow"]["params"][-1][param], values, rtol=0, atol=1e-5)
+        assert run["params"] == ranks[0][scenario]["params"]            # ranks stay identical
+    for param, values in oracle[scenario]["params"][-1].items():
+        np.testing.assert_allclose(ranks[0][scenario]["params"][-1][param], values, rtol=0, atol=1e-5)
 
 
 @pytest.mark.skipif(not paddle.base.core.supports_bfloat16(),

@@ -6,7 +6,7 @@ rank next to the reduced gradient the optimizer read.
 Usage: numerics_worker.py WORLD SCENARIOS_JSON
 WORLD is the job being emulated: real ranks get BATCH // WORLD rows of each step's batch, the
 one-process oracle (worker_num() == 1) gets all of them. A scenario is
-  {"model": "mlp"|"convbn", "strategy": {field: value}, "optimizer": "sgd"|"momentum",
+  {"model": "mlp"|"convbn", "strategy": {field: value}, "optimizer": "sgd"|"momentum"|"adam",
    "batch_norm_over": "shard"|"global", "poison": [rank, step] or null}
 "shard" splits the loss into WORLD parts so the oracle normalises per shard like the ranks;
 "global" normalises over the whole batch (the sync_batch_norm oracle). "poison" writes an inf
@@ -27,7 +27,8 @@ from workers import models  # noqa: E402
 
 BATCH, STEPS, SEED = 16, 4, 7
 OPTIMIZERS = {"sgd": lambda: paddle.optimizer.SGD(0.1),
-              "momentum": lambda: paddle.optimizer.Momentum(0.1, momentum=0.9)}
+              "momentum": lambda: paddle.optimizer.Momentum(0.1, momentum=0.9),
+              "adam": lambda: paddle.optimizer.Adam(0.01)}
 
 
 def build(scenario, world):
