@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/gradsync.py [--rounds 9] [--json out.json]
 
-Contenders, interleaved in one run: fleetlite unfused (one all-reduce per gradient) and fused at
-4/16/32/64 MiB; raw static all_reduce_ per tensor; one flat all-reduce of a pre-packed buffer
+Contenders, interleaved in one run: fleetlite unfused (one all-reduce per gradient), fused at
+4/16/32/64 MiB, and the shipped CPU preset (configs/cpu_gloo.yaml: 4 MiB + scale_gradient); raw static all_reduce_ per tensor; one flat all-reduce of a pre-packed buffer
 (the limit); Paddle dygraph DataParallel and PyTorch DDP with their defaults; torch's flat
 all-reduce. Prints medians and the ratios the targets are stated in.
 """
@@ -13,7 +13,8 @@ import statistics
 
 from harness import LoadCheck, WorkerGroup, print_table, run_interleaved, summary
 
-CONTENDERS = ["paddle_flat_limit", "torch_flat", "fleetlite_unfused", "fleetlite_4mb", "fleetlite_16mb",
+CONTENDERS = ["paddle_flat_limit", "torch_flat", "fleetlite_unfused", "fleetlite_cpu_preset", "fleetlite_4mb",
+              "fleetlite_16mb",
               "fleetlite_32mb", "fleetlite_64mb", "paddle_static_per_tensor", "paddle_dataparallel",
               "torch_ddp"]
 PEERS = ["paddle_dataparallel", "torch_ddp", "paddle_static_per_tensor"]

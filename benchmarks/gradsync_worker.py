@@ -48,13 +48,17 @@ def paddle_static_collectives(per_tensor):
 
 
 def fleetlite_fused(size_mb):
-    """fleetlite's compiled training step, minus the same step compiled for one process."""
+    """fleetlite's compiled training step, minus the same step compiled for one process.
+
+    `size_mb`: a bucket size in MiB, "unfused", or "cpu_preset" (configs/cpu_gloo.yaml)."""
     import paddle
     import fleetlite as fleet
     paddle.enable_static()
     fleet.init(is_collective=True)
     strategy = fleet.DistributedStrategy()
-    if size_mb == "unfused":
+    if size_mb == "cpu_preset":
+        strategy = fleet.DistributedStrategy.load(Path(__file__).parent.parent / "configs" / "cpu_gloo.yaml")
+    elif size_mb == "unfused":
         strategy.fuse_all_reduce_ops = False
     else:
         strategy.fuse_grad_size_in_MB = int(size_mb)
