@@ -7,11 +7,9 @@ Contenders, interleaved in one run: fleetlite unfused (one all-reduce per gradie
 (the limit); Paddle dygraph DataParallel and PyTorch DDP with their defaults; torch's flat
 all-reduce. Prints medians and the ratios the targets are stated in.
 """
-import argparse
-import json
 import statistics
 
-from harness import LoadCheck, WorkerGroup, print_table, run_interleaved, summary
+from harness import measure, print_table, protocol_parser, publish, summary
 
 CONTENDERS = ["paddle_flat_limit", "torch_flat", "fleetlite_unfused", "fleetlite_cpu_preset", "fleetlite_4mb",
               "fleetlite_16mb",
@@ -21,24 +19,11 @@ PEERS = ["paddle_dataparallel", "torch_ddp", "paddle_static_per_tensor"]
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--reps", type=int, default=3, help="samples per contender per round")
+    parser = protocol_parser(__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None, help="a subset of contenders")
-    parser.add_argument("--json", default=None)
     args = parser.parse_args()
     names = args.only or CONTENDERS
-    groups = []
-    try:
-        for name in names:
-            groups.append(WorkerGroup(name, ["gradsync_worker.py", name]))
-        load = LoadCheck([p.pid for g in groups for p in g.processes])
-        medians = run_interleaved(groups, args.rounds, args.warmup, args.reps)
-        foreign = load.foreign_share()
-    finally:
-        for group in groups:
-            group.close()
+    medians, foreign = measure([(name, ["gradsync_worker.py", name], 2) for name in names], args)
     limit = statistics.median(medians["paddle_flat_limit"]) if "paddle_flat_limit" in medians else None
     rows = []
     for name in names:
@@ -60,10 +45,7 @@ def main():
                 ratios[f"{peer}_vs_best_fused"] = statistics.median(medians[peer]) / best["median_ms"]
         if "fleetlite_unfused" in medians:
             ratios["unfused_vs_best_fused"] = statistics.median(medians["fleetlite_unfused"]) / best["median_ms"]
-    print("\nratios:", json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in ratios.items()}))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump({"rows": rows, "ratios": ratios, "foreign_load": foreign, "rounds": medians}, out, indent=1)
+    publish(rows, ratios, foreign, medians, args.json)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ idle contenders use no CPU. Each round asks every contender once, in turn (A B C
 machine drift cancels out in the ratios; a sample is the slowest rank's time. Only ratios taken
 within one run are meaningful on a shared 2-core machine.
 """
+import argparse
 import json
 import os
 import socket
@@ -98,6 +99,39 @@ def run_interleaved(groups, rounds, warmup, reps):
             if round_index >= warmup:
                 medians[group.name].append(value)
     return medians
+
+
+def protocol_parser(description):
+    """The arguments every benchmark driver shares (rounds, warm-up, samples, JSON output)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=3, help="samples per contender per round")
+    parser.add_argument("--json", default=None)
+    return parser
+
+
+def measure(contenders, args):
+    """Start every contender [(name, worker argv, world)], run the interleaved rounds, stop them.
+    Returns ({name: [round medians]}, the foreign CPU share during the rounds)."""
+    groups = []
+    try:
+        for name, argv, world in contenders:
+            groups.append(WorkerGroup(name, argv, world=world))
+        load = LoadCheck([p.pid for g in groups for p in g.processes])
+        medians = run_interleaved(groups, args.rounds, args.warmup, args.reps)
+        return medians, load.foreign_share()
+    finally:
+        for group in groups:
+            group.close()
+
+
+def publish(rows, ratios, foreign, medians, json_path):
+    """Print the ratios line; write everything, raw round medians included, as JSON if asked."""
+    print("\nratios:", json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in ratios.items()}))
+    if json_path:
+        with open(json_path, "w") as out:
+            json.dump({"rows": rows, "ratios": ratios, "foreign_load": foreign, "rounds": medians}, out, indent=1)
 
 
 class LoadCheck:

@@ -6,35 +6,19 @@ For each framework, D = t(2 processes x B/2) / t(1 process x B/2), global batch 
 per sample, everything interleaved in one run. D = 1 is perfect scaling of the per-rank work; the
 target is D(fleetlite) <= the best peer's D.
 """
-import argparse
-import json
 import statistics
 
-from harness import LoadCheck, WorkerGroup, print_table, run_interleaved
+from harness import measure, print_table, protocol_parser, publish
 
 FRAMEWORKS = ["fleetlite", "paddle_dataparallel", "torch_ddp"]
 GLOBAL_BATCH = 256
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+    args = protocol_parser(__doc__.splitlines()[0]).parse_args()
     half = str(GLOBAL_BATCH // 2)
-    groups = []
-    try:
-        for name in FRAMEWORKS:
-            groups.append(WorkerGroup(f"{name}:2procs", ["step_worker.py", name, half], world=2))
-            groups.append(WorkerGroup(f"{name}:1proc", ["step_worker.py", name, half], world=1))
-        load = LoadCheck([p.pid for g in groups for p in g.processes])
-        medians = run_interleaved(groups, args.rounds, args.warmup, args.reps)
-        foreign = load.foreign_share()
-    finally:
-        for group in groups:
-            group.close()
+    medians, foreign = measure([(f"{name}:{world}proc{'s' * (world > 1)}", ["step_worker.py", name, half], world)
+                                for name in FRAMEWORKS for world in (2, 1)], args)
     rows = []
     for name in FRAMEWORKS:
         two, one = medians[f"{name}:2procs"], medians[f"{name}:1proc"]
@@ -52,10 +36,7 @@ def main():
     mine = next(r for r in rows if r["framework"] == "fleetlite")
     ratios = {"D_fleetlite": mine["D"], "best_peer": best_peer["framework"], "D_best_peer": best_peer["D"],
               "D_fleetlite_vs_best_peer": mine["D"] / best_peer["D"]}
-    print("\nratios:", json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in ratios.items()}))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump({"rows": rows, "ratios": ratios, "foreign_load": foreign, "rounds": medians}, out, indent=1)
+    publish(rows, ratios, foreign, medians, args.json)
 
 
 if __name__ == "__main__":

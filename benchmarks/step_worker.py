@@ -12,6 +12,16 @@ STEPS = 20
 SIZES = (64, 512, 512, 10)
 
 
+def mlp(nn):
+    """The benchmark model from `paddle.nn` or `torch.nn` (same Linear/ReLU/Sequential names)."""
+    layers = []
+    for i, (n_in, n_out) in enumerate(zip(SIZES, SIZES[1:])):
+        layers.append(nn.Linear(n_in, n_out))
+        if i < len(SIZES) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
 def data(batch):
     rng = np.random.RandomState(0)
     return rng.rand(batch, SIZES[0]).astype("float32"), rng.randint(0, SIZES[-1], (batch, 1)).astype("int64")
@@ -28,12 +38,7 @@ def fleetlite_static(batch):
     with paddle.static.program_guard(main, startup):
         x = paddle.static.data("x", [None, SIZES[0]], "float32")
         y = paddle.static.data("y", [None, 1], "int64")
-        layers = []
-        for i, (n_in, n_out) in enumerate(zip(SIZES, SIZES[1:])):
-            layers.append(paddle.nn.Linear(n_in, n_out))
-            if i < len(SIZES) - 2:
-                layers.append(paddle.nn.ReLU())
-        loss = paddle.nn.functional.cross_entropy(paddle.nn.Sequential(*layers)(x), y)
+        loss = paddle.nn.functional.cross_entropy(mlp(paddle.nn)(x), y)
         fleet.distributed_optimizer(paddle.optimizer.SGD(0.01), strategy).minimize(loss)
     exe = paddle.static.Executor(paddle.CPUPlace())
     exe.run(startup)
@@ -53,12 +58,7 @@ def paddle_dataparallel(batch):
     world = int(__import__("os").environ["PADDLE_TRAINERS_NUM"])
     if world > 1:
         dist.init_parallel_env()
-    layers = []
-    for i, (n_in, n_out) in enumerate(zip(SIZES, SIZES[1:])):
-        layers.append(paddle.nn.Linear(n_in, n_out))
-        if i < len(SIZES) - 2:
-            layers.append(paddle.nn.ReLU())
-    model = paddle.nn.Sequential(*layers)
+    model = mlp(paddle.nn)
     model = paddle.DataParallel(model) if world > 1 else model
     optimizer = paddle.optimizer.SGD(0.01, parameters=model.parameters())
     xs, ys = (paddle.to_tensor(a) for a in data(batch))
@@ -80,12 +80,7 @@ def torch_ddp(batch):
     import torch.distributed as tdist
     torch.set_num_threads(1)
     world = int(os.environ["WORLD_SIZE"])
-    layers = []
-    for i, (n_in, n_out) in enumerate(zip(SIZES, SIZES[1:])):
-        layers.append(torch.nn.Linear(n_in, n_out))
-        if i < len(SIZES) - 2:
-            layers.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers)
+    model = mlp(torch.nn)
     if world > 1:
         tdist.init_process_group("gloo")
         model = torch.nn.parallel.DistributedDataParallel(model)
