@@ -12,6 +12,7 @@ missing, still waits after minutes). Here the same pieces are assembled with bou
 Paddle creates process groups in dynamic mode; `bring_up` switches to it and back.
 """
 import hashlib
+import ipaddress
 import os
 import socket
 import time
@@ -24,6 +25,7 @@ from paddle.distributed.communication.group import Group, _add_new_group
 from paddle.distributed.parallel import _set_expected_place
 
 from fleetlite.env_contract import worker_env
+from fleetlite.launcher import ports
 from fleetlite.errors import TopologyError
 
 TIMEOUT_ENV = "FLEETLITE_INIT_TIMEOUT"
@@ -64,6 +66,14 @@ def bring_up(topology, timeout):
 
 
 def wait_for_endpoint(host, port, timeout, rank):
+    """Return once rank 0's store listens on host:port; TopologyError after `timeout` seconds.
+
+    On this machine the kernel's TCP table is read instead of connecting: a connect() to a port
+    in the ephemeral range can connect to itself and then hold the very port rank 0 needs."""
+    if ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
+        if ports.wait_until_listening(port, timeout):
+            return
+        _unreachable(host, port, timeout, rank, "nothing listens there")
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -71,11 +81,15 @@ def wait_for_endpoint(host, port, timeout, rank):
             return
         except OSError as exc:
             if time.monotonic() > deadline:
-                raise TopologyError(
-                    f"rank {rank} could not reach the master endpoint {host}:{port} (rank 0's rendezvous "
-                    f"store) within {timeout} s ({exc}): is rank 0 running, and is {host} reachable? "
-                    f"({TIMEOUT_ENV} sets the wait)") from None
+                _unreachable(host, port, timeout, rank, exc)
             time.sleep(0.1)
+
+
+def _unreachable(host, port, timeout, rank, why):
+    raise TopologyError(
+        f"rank {rank} could not reach the master endpoint {host}:{port} (rank 0's rendezvous "
+        f"store) within {timeout} s ({why}): is rank 0 running, and is {host} reachable? "
+        f"({TIMEOUT_ENV} sets the wait)")
 
 
 def _rendezvous(host, port, topology, timeout):
