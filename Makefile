@@ -4,6 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fleetlite-installed
 PYTEST_ARGS ?=
+# Paddle installs a `fleetrun` command of its own; reinstalling fleetlite last makes it ours.
+CLAIM_FLEETRUN := $(PY) -m pip install -q --no-deps --force-reinstall -e .
 
 .PHONY: install test demo proto docs bench clean
 
@@ -11,6 +13,7 @@ $(STAMP): setup.cfg pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[cpu,test]'
+	$(CLAIM_FLEETRUN)
 	@touch $@
 
 install: $(STAMP)
@@ -31,6 +34,7 @@ docs: $(STAMP)
 BENCH_STAMP := $(VENV)/.fleetlite-bench-installed
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[cpu,test,bench]'
+	$(CLAIM_FLEETRUN)
 	@touch $@
 
 bench: $(BENCH_STAMP)

@@ -107,3 +107,11 @@ def test_launcher_and_strategies_install_inside_the_package():
     assert Path(fleetlite.launcher.__file__).parent == ROOT / "launcher"
     assert Path(fleetlite.strategies.__file__).parent == ROOT / "strategies"
     assert fleetlite.__version__
+
+
+def test_the_fleetrun_command_is_fleetlites():
+    """Paddle installs a `fleetrun` of its own; the install must leave ours in its place."""
+    fleetrun = Path(sys.executable).parent / "fleetrun"
+    result = subprocess.run([str(fleetrun), "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "--explain" in result.stdout and "--ssh_command" in result.stdout, \
+        f"{fleetrun} is not fleetlite's launcher (Paddle's?): reinstall fleetlite after Paddle"
