@@ -1,0 +1,22 @@
+"""The benchmark drivers still run end to end (one round, no timing asserted: speed targets
+live in the benchmarks' own ratios, never in tests)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def test_gradsync_driver_runs_its_contenders_and_reports_ratios(tmp_path):
+    out = tmp_path / "gradsync.json"
+    result = subprocess.run(
+        [sys.executable, "gradsync.py", "--only", "paddle_flat_limit", "fleetlite_cpu_preset",
+         "--rounds", "1", "--warmup", "0", "--reps", "1", "--json", str(out)],
+        cwd=BENCHMARKS, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert [row["contender"] for row in report["rows"]] == ["paddle_flat_limit", "fleetlite_cpu_preset"]
+    assert all(row["median_ms"] > 0 for row in report["rows"])
+    assert report["ratios"]["best_fleetlite"] == "fleetlite_cpu_preset"
+    assert "ratios:" in result.stdout
