@@ -2,10 +2,13 @@
 
 `import fleetlite as fleet` in place of `paddle.distributed.fleet` for collective training.
 """
+import sys
+
 from fleetlite.paddle_check import require_paddle3
 
 require_paddle3()
 
+from fleetlite.base.role_maker import PaddleCloudRoleMaker, Role, UserDefinedRoleMaker  # noqa: E402
 from fleetlite.errors import (CompileError, FleetliteError, StrategyConflictError,  # noqa: E402
                               StrategyError, StrategyFileError, TopologyError, UnknownFieldError)
 from fleetlite.strategy import BuildStrategy, DistributedStrategy, ExecutionStrategy  # noqa: E402
@@ -16,11 +19,18 @@ from fleetlite.version import __version__  # noqa: E402
 # not need it, so these names load on first use.
 _API = ("init", "distributed_optimizer", "DistributedOptimizer", "worker_index", "worker_num",
         "is_first_worker", "worker_endpoints", "local_rank", "local_size", "node_num",
-        "barrier_worker")
+        "barrier_worker", "rank", "nranks", "world_size", "rank_in_node", "util", "all_reduce",
+        "is_worker", "is_server", "server_num", "server_endpoints", "init_worker", "stop_worker",
+        "save_persistables", "save_inference_model", "save", "load_model", "minimize")
 
 
 def __getattr__(name):
     if name in _API:
         from fleetlite import api
         return getattr(api, name)
+    if name == "fleet":              # `from paddle.distributed.fleet import fleet` style
+        return sys.modules[__name__]
+    from fleetlite.fleet_surface import UNSUPPORTED, missing
+    if name in UNSUPPORTED:
+        raise missing(name)
     raise AttributeError(f"module 'fleetlite' has no attribute '{name}'")

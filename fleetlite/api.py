@@ -5,33 +5,46 @@
     optimizer.minimize(loss)           # backward -> compile -> apply_gradients
     exe.run(paddle.static.default_startup_program())   # parameters broadcast from rank 0
 
-The topology comes from the environment fleetrun (or mpirun, or srun) sets; `init` brings up
-the process group with deadlines (see process_group), before or after
-`paddle.enable_static()`. Under `fleetrun --explain` (FLEETLITE_EXPLAIN_ONLY=1) no group is
-brought up and `minimize` prints the compile report and ends the script: nothing trains.
+The topology comes from the environment fleetrun (or mpirun, or srun) sets, or from a role
+maker (fleetlite.base.role_maker); `init` brings up the process group with deadlines (see
+process_group), before or after `paddle.enable_static()`. Under `fleetrun --explain`
+(FLEETLITE_EXPLAIN_ONLY=1) no group is brought up and `minimize` prints the compile report and
+ends the script: nothing trains. docs/fleet_compatibility.md lists every Fleet name.
 """
 import os
+import sys
 
 import paddle
 
-from fleetlite import process_group, steps_per_run, training_program
-from fleetlite.env_contract import EXPLAIN_ONLY, read_topology
+from fleetlite import checkpoint, foreign_launcher, process_group, steps_per_run, training_program
+from fleetlite.base.role_maker import PaddleCloudRoleMaker, RoleMakerBase
+from fleetlite.env_contract import EXPLAIN_ONLY
 from fleetlite.errors import FleetliteError, StrategyConflictError
+from fleetlite.job_values import JobValues
 from fleetlite.strategy import DistributedStrategy
 
 _job = None   # (Topology, DistributedStrategy or None) once init() ran
+_optimizer = None   # the last distributed_optimizer(), for fleet.minimize
+INFERENCE_PREFIX = "model"   # save_inference_model(dirname) writes dirname/model.json and .pdiparams
 
 
 def init(role_maker=None, is_collective=True, strategy=None, log_level=None):
     """Read this process's place in the job and bring up the process group (bounded waits)."""
     global _job
-    if role_maker is not None:
-        raise FleetliteError("role makers are not supported: fleetlite reads the topology from the "
-                             "environment fleetrun sets; call fleet.init(is_collective=True)")
-    if not is_collective:
-        raise StrategyConflictError("parameter-server training is not supported",
-                                    fix="call fleet.init(is_collective=True)")
-    topology = read_topology(os.environ)
+    refusal = foreign_launcher.refusal(os.environ, foreign_launcher.parent_argv(), sys.argv)
+    if refusal:
+        raise SystemExit(refusal)
+    if role_maker is None:
+        if not is_collective:
+            raise StrategyConflictError("parameter-server training is not supported",
+                                        fix="call fleet.init(is_collective=True)")
+        role_maker = PaddleCloudRoleMaker(is_collective=True)
+    elif not isinstance(role_maker, RoleMakerBase):
+        raise FleetliteError(
+            f"fleet.init got a {type(role_maker).__module__}.{type(role_maker).__name__}: pass one of "
+            f"fleetlite's role makers (fleet.PaddleCloudRoleMaker(is_collective=True) or "
+            f"fleet.UserDefinedRoleMaker(...), with `import fleetlite as fleet`)")
+    topology = role_maker.topology(os.environ)
     if strategy is not None:
         strategy.validate(topology)
     if not _explain_only():
@@ -84,11 +97,114 @@ def barrier_worker():
     process_group.barrier()
 
 
+rank, nranks, world_size, rank_in_node = worker_index, worker_num, worker_num, local_rank
+util = JobValues(_topology)
+all_reduce = util.all_reduce
+
+
+def is_worker():
+    """Every process of a collective job is a worker."""
+    return True
+
+
+def is_server():
+    return False
+
+
+def server_num():
+    return 0
+
+
+def server_endpoints(to_string=False):
+    return "" if to_string else []
+
+
+def init_worker(scopes=None):
+    """Nothing to do in a collective job (Fleet starts parameter-server communicators here)."""
+
+
+def stop_worker():
+    """Nothing to do in a collective job (Fleet stops parameter-server communicators here)."""
+
+
+def save_persistables(executor, dirname, main_program=None, mode=0):
+    """Save every persistable variable of `main_program` (parameters, optimizer state), one file
+    each, as the directory `dirname`: written once by the first worker, atomically (see
+    checkpoint), and visible to every rank when this returns. `load_model` reads it back."""
+    _only_full_saves(mode)
+    program = main_program or paddle.static.default_main_program()
+    checkpoint.save_once(_topology(), util, dirname,
+                         lambda staging: paddle.static.save_vars(executor, staging, main_program=program))
+
+
+def load_model(path, mode=0, executor=None, main_program=None):
+    """Load what `save_persistables` (or `save`) wrote at `path` into `main_program`'s variables;
+    every rank calls it. `executor` defaults to one on the CPU (the values go to the global scope)."""
+    _only_full_saves(mode)
+    if not os.path.isdir(path):
+        raise FleetliteError(f"no checkpoint directory at {path}: pass the dirname given to "
+                             f"fleet.save_persistables")
+    paddle.static.load_vars(executor or paddle.static.Executor(paddle.CPUPlace()), path,
+                            main_program=main_program or paddle.static.default_main_program())
+
+
+def save_inference_model(executor, dirname, feeded_var_names, target_vars, main_program=None,
+                         export_for_deployment=True, mode=0):
+    """Save the program that computes `target_vars` from the inputs named `feeded_var_names`,
+    pruned for inference, as the directory `dirname` (written like save_persistables). Load it
+    with `paddle.static.load_inference_model(os.path.join(dirname, "model"), executor)`."""
+    _only_full_saves(mode)
+    if not export_for_deployment:
+        raise FleetliteError("save_inference_model(export_for_deployment=False) would keep the training "
+                             "program, which Paddle 3 no longer saves this way: save the training state "
+                             "with fleet.save_persistables instead")
+    program = main_program or paddle.static.default_main_program()
+    feeds = _data_values(program, feeded_var_names)
+    targets = list(target_vars) if isinstance(target_vars, (list, tuple)) else [target_vars]
+    checkpoint.save_once(_topology(), util, dirname, lambda staging: paddle.static.save_inference_model(
+        os.path.join(staging, INFERENCE_PREFIX), feeds, targets, executor, program=program))
+
+
+def save(dirname, feed=(), fetch=(), **configs):
+    """Fleet's `save`: the persistables of the default main program (no feed and no fetch), or
+    the inference model from `feed` (input names or values) to `fetch` (output values)."""
+    executor = paddle.static.Executor(paddle.CPUPlace())   # saving reads the global scope
+    if not feed and not fetch:
+        return save_persistables(executor, dirname, mode=configs.get("mode", 0))
+    names = [name if isinstance(name, str) else name.name for name in feed]
+    return save_inference_model(executor, dirname, names, list(fetch))
+
+
+def _only_full_saves(mode):
+    if mode != 0:
+        raise FleetliteError(f"mode={mode} selects a parameter-server table save (incremental or base); "
+                             f"a collective job saves everything: use mode=0")
+
+
+def _data_values(program, names):
+    by_name = {op.attrs()["name"]: op.result(0) for op in program.global_block().ops
+               if op.name() == "pd_op.data"}
+    missing = [name for name in names if name not in by_name]
+    if missing:
+        raise FleetliteError(f"no input named {', '.join(map(repr, missing))} in the program; its inputs "
+                             f"(paddle.static.data) are {', '.join(map(repr, sorted(by_name)))}")
+    return [by_name[name] for name in names]
+
+
 def distributed_optimizer(optimizer, strategy=None):
     """Wrap `optimizer` so that `minimize` trains data parallel under `strategy`."""
+    global _optimizer
     topology = _topology()
     strategy = strategy or _job[1] or DistributedStrategy()
-    return DistributedOptimizer(optimizer, strategy.validate(topology), topology)
+    _optimizer = DistributedOptimizer(optimizer, strategy.validate(topology), topology)
+    return _optimizer
+
+
+def minimize(loss, startup_program=None, parameter_list=None, no_grad_set=None):
+    """Fleet's `fleet.minimize`: the last `distributed_optimizer`'s minimize."""
+    if _optimizer is None:
+        raise FleetliteError("fleet.minimize needs fleet.distributed_optimizer(optimizer) first")
+    return _optimizer.minimize(loss, startup_program, parameter_list, no_grad_set)
 
 
 class DistributedOptimizer:

@@ -76,10 +76,16 @@ def build_parser():
     e.add_argument("--model", choices=("mlp", "resnet50"), default="mlp")
     e.add_argument("--json", action="store_true", help="print the report as JSON")
     e.set_defaults(handler=explain)
+    top.add_parser("run", add_help=False, help="the launcher, with fleetrun's flags: "
+                   "fleetlite run --nproc_per_node 2 train.py (a name PaddlePaddle does not install)")
     return parser
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["run"]:   # everything after `run` is fleetrun's, --help included
+        from fleetlite.launcher.main import main as fleetrun
+        return fleetrun(argv[1:], prog="fleetlite run")
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args) or 0

@@ -150,6 +150,11 @@ SOURCES = (  # (name, variable that marks it present, reader), in precedence ord
 )
 
 
+def describes_a_job(environ):
+    """Whether a launcher (fleetrun, Open MPI or Slurm) set this process's place in a job."""
+    return any(marker in environ for _, marker, _ in SOURCES)
+
+
 def read_topology(environ, warn=None):
     """This process's Topology from an environment mapping; rank 0 of 1 when no source is set."""
     warn = warn or (lambda line: print(line, file=sys.stderr))

@@ -11,6 +11,7 @@ missing, still waits after minutes). Here the same pieces are assembled with bou
   find ring 0 and `paddle.distributed` calls work.
 Paddle creates process groups in dynamic mode; `bring_up` switches to it and back.
 """
+import contextlib
 import hashlib
 import ipaddress
 import os
@@ -54,15 +55,28 @@ def bring_up(topology, timeout):
     host, port = topology.master.rsplit(":", 1)
     if topology.rank != 0:
         wait_for_endpoint(host, int(port), timeout, topology.rank)
+    with dynamic_mode():
+        _store = _rendezvous(host, int(port), topology, timeout)
+        _register_default_group(_store, topology)
+
+
+@contextlib.contextmanager
+def dynamic_mode():
+    """Run the body in Paddle's dynamic mode, then restore static mode if it was on: process
+    groups are created, and eager collectives run, in dynamic mode only."""
     static = not paddle.in_dynamic_mode()
     if static:
         paddle.disable_static()
     try:
-        _store = _rendezvous(host, int(port), topology, timeout)
-        _register_default_group(_store, topology)
+        yield
     finally:
         if static:
             paddle.enable_static()
+
+
+def is_up():
+    """Whether this process has a process group (a job of more than one rank after bring_up)."""
+    return _store is not None
 
 
 def wait_for_endpoint(host, port, timeout, rank):

@@ -3,7 +3,8 @@
 It runs the user's unchanged script as `__main__` and adds what the launcher needs:
 - the worker dies with its fleetrun, even a SIGKILLed one (PR_SET_PDEATHSIG);
 - an uncaught exception goes to the error file as well as to stderr, so the failure report can
-  show the traceback once without parsing logs;
+  show the traceback once without parsing logs (with the fix, for names Paddle 3 removed and
+  fleetlite replaces);
 - every `Executor.run` and `Tensor.backward` entered bumps the progress file, so a collective
   timeout can name the ranks that were behind;
 - SIGTERM (fleetrun stopping the job) ends the worker quietly, not with Paddle's crash report;
@@ -116,6 +117,21 @@ def _traceback_from(script, exc):
     return "".join(traceback.format_exception(type(exc), exc, frame or exc.__traceback__))
 
 
+# Errors from names Paddle 3 removed, for which fleetlite has the replacement: the fix is added
+# to the worker's traceback (and so to fleetrun's failure report).
+REMOVED_IN_PADDLE3 = {
+    "module 'paddle.static' has no attribute 'ExecutionStrategy'":
+        "fleetlite: Paddle 3 removed paddle.static.ExecutionStrategy; build it with "
+        "fleetlite.ExecutionStrategy() (same fields; assign it to strategy.execution_strategy)",
+}
+
+
+def with_fix(exc, text):
+    """`text` (exc's traceback) plus the fix fleetlite knows for exc, if any."""
+    fix = REMOVED_IN_PADDLE3.get(str(exc)) if isinstance(exc, AttributeError) else None
+    return f"{text}{fix}\n" if fix else text
+
+
 def main(argv=None, environ=os.environ):
     script, *args = sys.argv[1:] if argv is None else argv
     if not die_with_launcher(environ):
@@ -127,7 +143,7 @@ def main(argv=None, environ=os.environ):
     try:
         runpy.run_path(script, run_name="__main__")
     except Exception as exc:
-        text = _traceback_from(script, exc)
+        text = with_fix(exc, _traceback_from(script, exc))
         sys.stderr.write(text)
         if environ.get(env_contract.ERROR_FILE):
             worker_records.write_error(environ[env_contract.ERROR_FILE], exc, text)

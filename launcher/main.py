@@ -1,4 +1,5 @@
-"""`fleetrun` (also `python -m fleetlite.launcher`): flags -> spec -> pre-flight -> job.
+"""`fleetrun` (also `fleetlite run` and `python -m fleetlite.launcher`): flags -> spec ->
+pre-flight -> job.
 
 The only place that exits. Bad input ends with one line naming the cause and the fix, and exit
 status 2, before any process starts; otherwise the exit status is the root cause's.
@@ -26,13 +27,13 @@ def stop_when_stdin_closes(stop):
     threading.Thread(target=wait_for_end_of_input, name="follow stdin", daemon=True).start()
 
 
-def main(argv=None):
+def main(argv=None, prog="fleetrun"):
     environ = dict(os.environ)
     stop = StopRequest()
     stop.install()
     reservation = None
     try:
-        spec = parse_launch_spec(sys.argv[1:] if argv is None else argv, environ)
+        spec = parse_launch_spec(sys.argv[1:] if argv is None else argv, environ, prog)
         for note in spec.notes:
             print(f"fleetrun: {note}", file=sys.stderr)
         if spec.explain:

@@ -118,12 +118,12 @@ class LaunchSpec:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        raise LaunchError(f"{message} (see fleetrun --help)")
+        raise LaunchError(f"{message} (see {self.prog} --help)")
 
 
-def build_parser():
+def build_parser(prog="fleetrun"):
     parser = _Parser(
-        prog="fleetrun", allow_abbrev=False,
+        prog=prog, allow_abbrev=False,
         description="Start a PaddlePaddle script on every device of every host and supervise it: "
                     "the first failure stops the whole job and is reported once.")
     for option in OPTIONS:
@@ -158,9 +158,9 @@ def _resolve(option, flag_value, environ):
         raise LaunchError(f"{source}={raw!r}: {exc}") from None
 
 
-def parse_launch_spec(argv, environ):
+def parse_launch_spec(argv, environ, prog="fleetrun"):
     """The LaunchSpec for a fleetrun command line; raises LaunchError on bad input."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     values, notes = {}, []
     for option in OPTIONS:
         values[option.name], note = _resolve(option, getattr(args, option.name), environ)

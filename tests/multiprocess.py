@@ -34,6 +34,12 @@ def free_port():
         return probe.getsockname()[1]
 
 
+def clean_environment():
+    """This process's environment without any launcher's variables (for starting a launcher)."""
+    return {name: value for name, value in os.environ.items()
+            if not name.startswith(("PADDLE_", "FLEETLITE_", "POD_IP"))}
+
+
 def run_job(script, world_size, node_count=1, args=(), timeout=120, extra_env=None, ranks=None):
     """Run `script` as the ranks `ranks` (default: all) of a job of `world_size`; returns their
     JSON results in that order."""

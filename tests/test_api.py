@@ -64,7 +64,7 @@ def test_explain_only_prints_the_report_and_trains_nothing(tmp_path):
 
 
 def test_api_misuse_is_an_error():
-    with pytest.raises(fleet.FleetliteError, match="role makers are not supported"):
+    with pytest.raises(fleet.FleetliteError, match="pass one of fleetlite's role makers"):
         fleet.init(role_maker=object())
     with pytest.raises(fleet.StrategyConflictError, match="parameter-server training is not supported"):
         fleet.init(is_collective=False)

@@ -14,15 +14,12 @@ import time
 import numpy as np
 import pytest
 
+from multiprocess import clean_environment
+
 SCRIPTS = os.path.join(os.path.dirname(__file__), "launcher_scripts")
 TRAIN = os.path.join(SCRIPTS, "train_linear.py")
 FLEETRUN = [sys.executable, "-m", "fleetlite.launcher"]
 STEPS = 6
-
-
-def clean_environment():
-    return {name: value for name, value in os.environ.items()
-            if not name.startswith(("PADDLE_", "FLEETLITE_", "POD_IP"))}
 
 
 def fleetrun(args, cwd, timeout=90):

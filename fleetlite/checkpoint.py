@@ -1,0 +1,87 @@
+"""Checkpoint directories written once, atomically, and then readable by every rank.
+
+The first worker writes the checkpoint into a hidden directory beside the target
+(`.<name>.partial-XXXX`), flushes it to disk, and puts it in place with one rename: where the
+target already exists, the two directories are exchanged atomically (Linux renameat2
+RENAME_EXCHANGE) and the previous one is deleted. So the target holds either the previous
+checkpoint or the complete new one, never a half-written one, even when the writer is killed
+(a killed write leaves only the hidden partial directory, which can be deleted). On a file
+system without the exchange, the previous checkpoint is first renamed aside to
+`.<name>.previous-XXXX`: a kill between the two renames leaves it there, complete.
+
+Every rank then learns whether the write worked (an all-reduce of the writer's status, which
+is also the barrier that makes the checkpoint visible to all ranks before any reads it).
+"""
+import ctypes
+import os
+import shutil
+import tempfile
+
+from fleetlite.errors import FleetliteError
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def save_once(topology, job_values, dirname, write):
+    """Rank 0 calls `write(directory)` to fill a fresh directory that becomes `dirname`; every
+    rank returns once it is in place, or raises if the write failed."""
+    error = None
+    if topology.rank == 0:
+        try:
+            write_atomically(dirname, write)
+        except Exception as exc:
+            error = exc
+    failed = job_values.all_reduce(int(error is not None), mode="max")
+    if error is not None:
+        raise error
+    if failed:
+        raise FleetliteError(f"the first worker failed to save {dirname} (its log has the error); "
+                             f"{dirname} is as it was before this save")
+
+
+def write_atomically(dirname, write):
+    target = os.path.abspath(dirname)
+    parent, name = os.path.split(target)
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise FleetliteError(f"cannot save a checkpoint to {dirname}: it is a file; pass a directory path")
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{name}.partial-", dir=parent)
+    try:
+        write(staging)
+        _flush_tree(staging)
+        if os.path.isdir(target):
+            _replace_directory(staging, target, parent, name)
+        else:
+            os.rename(staging, target)
+        _flush(parent)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)   # the partial write, or the previous checkpoint
+
+
+def _replace_directory(staging, target, parent, name):
+    """Put `staging` at `target`; `staging` then holds the previous checkpoint."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is not None and renameat2(_AT_FDCWD, os.fsencode(staging), _AT_FDCWD,
+                                           os.fsencode(target), _RENAME_EXCHANGE) == 0:
+        return
+    previous = tempfile.mkdtemp(prefix=f".{name}.previous-", dir=parent)
+    os.rename(target, previous)        # onto the empty directory
+    os.rename(staging, target)
+    os.rename(previous, staging)       # so the caller deletes it (staging's name is free again)
+
+
+def _flush_tree(root):
+    for folder, _, files in os.walk(root):
+        for file_name in files:
+            _flush(os.path.join(folder, file_name))
+        _flush(folder)
+
+
+def _flush(path):
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
