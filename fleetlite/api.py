@@ -165,12 +165,12 @@ def save_inference_model(executor, dirname, feeded_var_names, target_vars, main_
         os.path.join(staging, INFERENCE_PREFIX), feeds, targets, executor, program=program))
 
 
-def save(dirname, feed=(), fetch=(), **configs):
+def save(dirname, feed=(), fetch=(), mode=0):
     """Fleet's `save`: the persistables of the default main program (no feed and no fetch), or
     the inference model from `feed` (input names or values) to `fetch` (output values)."""
     executor = paddle.static.Executor(paddle.CPUPlace())   # saving reads the global scope
     if not feed and not fetch:
-        return save_persistables(executor, dirname, mode=configs.get("mode", 0))
+        return save_persistables(executor, dirname, mode=mode)
     names = [name if isinstance(name, str) else name.name for name in feed]
     return save_inference_model(executor, dirname, names, list(fetch))
 
