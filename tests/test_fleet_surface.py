@@ -194,7 +194,7 @@ def test_user_defined_role_maker_maps_onto_the_topology():
      TopologyError, r"PADDLE_TRAINER_ID=4 is not in \[0, PADDLE_TRAINERS_NUM=4\)"),
     (lambda: UserDefinedRoleMaker(is_collective=True), TopologyError, "needs worker_endpoints"),
     (lambda: PaddleCloudRoleMaker(), StrategyConflictError, r"pass PaddleCloudRoleMaker\(is_collective=True\)"),
-    (lambda: PaddleCloudRoleMaker(is_collective=True, path="./gloo"), TopologyError, "options path configure"),
+    (lambda: PaddleCloudRoleMaker(is_collective=True, path="./gloo"), FleetliteError, "options path configure"),
 ])
 def test_role_maker_mistakes_name_the_fix(make, error, words):
     with pytest.raises(error, match=words):

@@ -11,7 +11,7 @@ fleetlite trains collectively only: a parameter-server role (a server, heter wor
 coordinator, server endpoints, or `is_collective=False`) is an error naming the fix.
 """
 from fleetlite import env_contract
-from fleetlite.errors import StrategyConflictError, TopologyError
+from fleetlite.errors import FleetliteError, StrategyConflictError, TopologyError
 
 __all__ = ["Role", "RoleMakerBase", "PaddleCloudRoleMaker", "UserDefinedRoleMaker"]
 
@@ -53,7 +53,7 @@ class PaddleCloudRoleMaker(RoleMakerBase):
     def __init__(self, is_collective=False, init_gloo=False, **kwargs):
         _collective_only(type(self).__name__, is_collective)
         if kwargs:
-            raise TopologyError(
+            raise FleetliteError(
                 f"{type(self).__name__} options {', '.join(sorted(kwargs))} configure Paddle's gloo "
                 f"rendezvous, which fleetlite does not use (its process group rendezvous at rank 0's "
                 f"endpoint): remove them")
@@ -96,8 +96,10 @@ class UserDefinedRoleMaker(RoleMakerBase):
         device_only = {name: environ[name] for name in (env_contract.BACKEND, env_contract.SELECTED_GPUS)
                        if name in environ}
         declared = env_contract.read_topology({**device_only, **stated})
+        if not env_contract.describes_a_job(environ):
+            return declared
         launched = env_contract.read_topology(environ, warn=lambda line: None)
-        if env_contract.describes_a_job(environ) and _placement(launched, environ) != _placement(declared, environ):
+        if _placement(launched, environ) != _placement(declared, environ):
             raise TopologyError(
                 f"{type(self).__name__} says rank {declared.rank} of {list(declared.endpoints)}, but "
                 f"the launcher started this process as rank {launched.rank} of {list(launched.endpoints)}: "
