@@ -36,7 +36,7 @@ def rerun_command(launcher_argv, script_argv):
     """`fleetlite run` with the arguments the Paddle launcher was given; when its command line
     is unknown, with the script's own arguments and a placeholder for the launcher's flags."""
     for index, word in enumerate(launcher_argv):
-        if word in LAUNCHER_COMMANDS or os.path.basename(word) == "fleetrun":
+        if os.path.basename(word) in LAUNCHER_COMMANDS:
             return shlex.join(["fleetlite", "run", *launcher_argv[index + 1:]])
     return f"fleetlite run <the launcher's flags> {shlex.join(script_argv)}"
 
