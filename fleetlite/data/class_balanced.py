@@ -72,7 +72,7 @@ class ClassBalancedBatchSampler(EpochSampler):
             share = math.ceil(self.global_batch * quota / self.num_samples)
             if quota and len(self.members[c]) < share:
                 raise DataError(
-                    f"class {self.classes[c]!r} has {len(self.members[c])} samples, but a step of "
+                    f"class {self.classes[c].item()!r} has {len(self.members[c])} samples, but a step of "
                     f"{self.global_batch} samples ({self.batch_size} x {self.nranks} ranks) holds up to "
                     f"{share} of it at weight {self.weights[c]:.3g}: one sample would be in a step twice; "
                     f"lower batch_size or that class's weight")

@@ -49,8 +49,9 @@ def equal_shard_size(sizes, policy):
         raise DataError(f"equal_batches='error': the ranks hold different numbers of samples ({listed}); "
                         f"use equal_batches='pad' (every rank repeats samples up to {max(sizes)}) or "
                         f"'drop' (every rank stops at {min(sizes)})")
-    if policy == "drop" and min(sizes) == 0:
-        raise DataError(f"equal_batches='drop': a rank holds no samples ({listed}); use 'pad'")
+    if min(sizes) == 0:
+        raise DataError(f"a rank holds no samples ({listed}): it has nothing to pad from and dropping would "
+                        f"leave every rank with none; shard by sample (shard_files(by='sample')) or use fewer ranks")
     return max(sizes) if policy == "pad" else min(sizes)
 
 
