@@ -224,3 +224,19 @@ def test_pk_with_one_class_and_exactly_p_times_n_classes():
     labels = np.repeat(np.arange(8), 5)
     _, ranks = every_rank(lambda r: PKBatchSampler(labels, 2, 5, num_replicas=4, rank=r, seed=1), 4, 0)
     assert sorted(labels[i] for batches in ranks for i in batches[0]) == sorted(labels.tolist())
+
+
+@pytest.mark.parametrize("make", [
+    lambda: DistributedBatchSampler(500, 7, num_replicas=3, rank=2, seed=4, equal_batches="drop"),
+    lambda: ShardBatchSampler([40, 37, 39], 5, rank=1, seed=4),
+    lambda: ClassBalancedBatchSampler(imbalanced_labels(), 8, num_replicas=3, rank=2, seed=4),
+    lambda: PKBatchSampler(pk_labels(), 2, 3, num_replicas=3, rank=2, seed=4),
+    lambda: EvalBatchSampler(500, 7, num_replicas=3, rank=2, seed=4, shuffle=True),
+], ids=["distributed", "shard", "class_balanced", "pk", "evaluation"])
+def test_every_sampler_resumes_at_an_epoch_exactly(make):
+    uninterrupted = make()
+    epochs = [list(uninterrupted) for _ in range(3)]
+    restarted = make()
+    restarted.set_epoch(2)
+    assert list(restarted) == epochs[2] and len(restarted) == len(epochs[2])
+    assert epochs[1] != epochs[2]

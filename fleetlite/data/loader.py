@@ -5,6 +5,7 @@ from fleetlite.data import job
 from fleetlite.data.class_balanced import ClassBalancedBatchSampler
 from fleetlite.data.distributed import DistributedBatchSampler, EvalBatchSampler, ShardBatchSampler
 from fleetlite.data.pk import PKBatchSampler
+from fleetlite.data.records import RecordShard
 from fleetlite.errors import DataError
 
 
@@ -42,7 +43,7 @@ def make_sampler(dataset, strategy=None, batch_size=None, *, labels=None, weight
     if batch_size is None:
         raise DataError(f"the {'evaluation' if evaluation else config.sampler} sampler needs batch_size "
                         f"(samples per rank per step)")
-    if hasattr(dataset, "sizes") and hasattr(dataset, "pieces"):
+    if isinstance(dataset, RecordShard):
         if evaluation:
             return EvalBatchSampler(dataset, batch_size, num_replicas=1, rank=0)
         return ShardBatchSampler(dataset, batch_size, rank=dataset.rank, shuffle=shuffle, drop_last=drop_last,
