@@ -27,7 +27,7 @@ from fleetlite.errors import DataError
 
 INDEX_SUFFIX = ".idx.json"
 INDEX_FORMAT = "fleetlite-webdataset-index/1"
-READ_CHUNK = 8 << 20
+READ_CHUNK = 256 << 10   # per sequential read: faster from the page cache than 1 or 8 MiB (measured)
 
 
 def split_member_name(name):
