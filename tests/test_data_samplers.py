@@ -147,7 +147,7 @@ def imbalanced_labels(classes=6, smallest=120, seed=0):
     return np.random.default_rng(seed).permutation(labels)
 
 
-@pytest.mark.parametrize("world", (1, 2, 4, 8))
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("weights", [None, {10: 1, 11: 1, 12: 2, 13: 2, 14: 3, 15: 1}])
 def test_class_balanced_frequencies_are_within_one_percent_and_ranks_never_share_a_sample(world, weights):
     labels = imbalanced_labels()
@@ -189,7 +189,7 @@ def pk_labels(seed=0):
     return rng.permutation(np.concatenate([np.full(n, c) for c, n in enumerate(sizes)]))
 
 
-@pytest.mark.parametrize("world", (1, 2, 4, 8))
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("p, k", [(2, 4), (3, 2), (7, 5)])
 def test_pk_batches_are_exactly_p_classes_by_k_samples_with_whole_classes_per_rank(world, p, k):
     labels = pk_labels()
