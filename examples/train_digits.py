@@ -2,8 +2,10 @@
 
     fleetrun --nproc_per_node 2 examples/train_digits.py --strategy configs/cpu_gloo.yaml
 
-Each step every rank takes its slice of the same global batch, so N processes follow exactly
-the trajectory of one process on the full batch. With --checkpoint_dir, the parameters are saved
+The data come from `fleetlite.data.loader` (the strategy's data_configs pick the sampler): each
+step every rank takes its slice of the same global batch, so N processes follow the trajectory
+of one process on the full batch, and the test accuracy is summed over the ranks, each sample
+counted once. With --checkpoint_dir, the parameters are saved
 after every epoch and a restarted job (fleetrun --max_restarts) resumes from the last one.
 """
 import argparse
@@ -16,6 +18,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import fleetlite as fleet
+import fleetlite.data
 
 
 def parse_args():
@@ -34,6 +37,17 @@ def load_data():
     x = (digits.data / 16.0).astype("float32")
     y = digits.target.astype("int64").reshape(-1, 1)
     return train_test_split(x, y, test_size=0.2, random_state=0, stratify=digits.target)
+
+
+class Digits(paddle.io.Dataset):
+    def __init__(self, x, y):
+        self.x, self.y, self.labels = x, y, y[:, 0]
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
 
 
 def build(hidden, lr, strategy):
@@ -97,30 +111,30 @@ def main():
         print(f"resumed from {checkpoint} at epoch {first_epoch}", flush=True)
 
     x_train, x_test, y_train, y_test = load_data()
-    per_rank = args.batch_size // world
-    steps_per_epoch = len(x_train) // args.batch_size  # equal batches on every rank: drop the tail
+    train = fleetlite.data.loader(Digits(x_train, y_train), strategy, args.batch_size // world, drop_last=True)
+    train.batch_sampler.set_epoch(first_epoch)
     for epoch in range(first_epoch, args.epochs):
-        order = np.random.RandomState(epoch).permutation(len(x_train))
         started, losses = time.perf_counter(), []
-        for step in range(steps_per_epoch):
-            batch = order[step * args.batch_size:(step + 1) * args.batch_size]
-            mine = batch[rank * per_rank:(rank + 1) * per_rank]
-            (value,) = exe.run(main_program, feed={"x": x_train[mine], "label": y_train[mine]},
-                               fetch_list=[loss])
+        for x, label in train:
+            (value,) = exe.run(main_program, feed={"x": x, "label": label}, fetch_list=[loss])
             losses.append(float(value))
         elapsed = time.perf_counter() - started
         if rank == 0:
-            throughput = steps_per_epoch * args.batch_size / elapsed
+            throughput = len(losses) * args.batch_size / elapsed
             print(f"epoch {epoch}: loss {np.mean(losses):.4f} (last step {losses[-1]:.4f}), "
                   f"{throughput:.0f} samples/s over {world} workers", flush=True)
             if checkpoint:
                 save_checkpoint(checkpoint, main_program, epoch)
         fleet.barrier_worker()
 
-    (scores,) = exe.run(test_program, feed={"x": x_test, "label": y_test}, fetch_list=[test_logits])
-    accuracy = float((np.argmax(scores, axis=1) == y_test[:, 0]).mean())
+    correct = seen = 0
+    for x, label in fleetlite.data.loader(Digits(x_test, y_test), strategy, 64, evaluation=True):
+        (scores,) = exe.run(test_program, feed={"x": x, "label": label}, fetch_list=[test_logits])
+        correct += int((np.argmax(scores, axis=1) == np.array(label)[:, 0]).sum())
+        seen += len(scores)
+    correct, count = fleetlite.data.all_reduce_sums([correct, seen])
     if rank == 0:
-        print(f"test accuracy {accuracy:.4f} on {len(x_test)} held-out digits", flush=True)
+        print(f"test accuracy {correct / count:.4f} on {int(count)} held-out digits", flush=True)
 
 
 if __name__ == "__main__":

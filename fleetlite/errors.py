@@ -71,3 +71,7 @@ class CompileError(FleetliteError):
 class LaunchError(FleetliteError):
     """fleetrun cannot start the job as asked: a bad flag, a failed pre-flight check (missing
     script, this host not in --ips, a device that does not exist, a port in use)."""
+
+
+class DataError(FleetliteError, ValueError):
+    """A dataset, sampler or record file that cannot give every rank its batches as asked."""

@@ -20,3 +20,15 @@ def test_gradsync_driver_runs_its_contenders_and_reports_ratios(tmp_path):
     assert all(row["median_ms"] > 0 for row in report["rows"])
     assert report["ratios"]["best_fleetlite"] == "fleetlite_cpu_preset"
     assert "ratios:" in result.stdout
+
+
+def test_data_loading_driver_runs_its_contenders_and_reports_ratios(tmp_path):
+    out = tmp_path / "data.json"
+    result = subprocess.run(
+        [sys.executable, "data_loading.py", "--samples", "20000", "--records", "800", "--rounds", "1",
+         "--warmup", "0", "--reps", "1", "--json", str(out)],
+        cwd=BENCHMARKS, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert len(report["rows"]) == 8 and all(row["median_ms"] > 0 for row in report["rows"])
+    assert {"sampler_fleetlite_vs_paddle", "records_shard_of_2_vs_whole"} <= set(report["ratios"])

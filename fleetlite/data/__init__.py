@@ -1,0 +1,16 @@
+"""fleetlite's data side: samplers that keep the ranks in step, per-worker record shards, and
+a DataLoader built from the strategy's `data_configs` (docs/data.md).
+
+Samplers are pure: what a rank yields is a function of (seed, epoch, rank, world), so tests
+build every rank's sampler in one process, and a restarted job replays an epoch exactly.
+"""
+from fleetlite.data.class_balanced import ClassBalancedBatchSampler
+from fleetlite.data.distributed import DistributedBatchSampler, EvalBatchSampler, ShardBatchSampler
+from fleetlite.data.job import all_reduce_sums, gather_sizes
+from fleetlite.data.loader import loader, make_sampler
+from fleetlite.data.pk import PKBatchSampler
+from fleetlite.data.records import RecordShard, shard_files
+
+__all__ = ["DistributedBatchSampler", "ShardBatchSampler", "EvalBatchSampler", "ClassBalancedBatchSampler",
+           "PKBatchSampler", "all_reduce_sums", "gather_sizes", "loader", "make_sampler", "RecordShard",
+           "shard_files"]
