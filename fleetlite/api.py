@@ -16,7 +16,7 @@ import sys
 
 import paddle
 
-from fleetlite import checkpoint, foreign_launcher, process_group, steps_per_run, training_program
+from fleetlite import checkpoint, foreign_launcher, process_group, sharded_state, steps_per_run, training_program
 from fleetlite.base.role_maker import PaddleCloudRoleMaker, RoleMakerBase
 from fleetlite.env_contract import EXPLAIN_ONLY
 from fleetlite.errors import FleetliteError, StrategyConflictError
@@ -130,11 +130,25 @@ def stop_worker():
 def save_persistables(executor, dirname, main_program=None, mode=0):
     """Save every persistable variable of `main_program` (parameters, optimizer state), one file
     each, as the directory `dirname`: written once by the first worker, atomically (see
-    checkpoint), and visible to every rank when this returns. `load_model` reads it back."""
+    checkpoint), and visible to every rank when this returns. `load_model` reads it back. Under
+    pto the other ranks' optimizer state is gathered first (see sharded_state), so every rank
+    must call it."""
     _only_full_saves(mode)
     program = main_program or paddle.static.default_main_program()
-    checkpoint.save_once(_topology(), util, dirname,
-                         lambda staging: paddle.static.save_vars(executor, staging, main_program=program))
+    topology = _topology()
+    owners = sharded_state.state_owners(_report_of(program))
+    others = {} if owners is None else sharded_state.gather(util, owners, topology.rank, paddle.static.global_scope())
+
+    def write(staging):
+        paddle.static.save_vars(executor, staging, main_program=program)
+        sharded_state.write(staging, others)
+
+    checkpoint.save_once(topology, util, dirname, write)
+
+
+def _report_of(program):
+    """The compile report of `program` if the last distributed optimizer built it."""
+    return _optimizer.compile_report if _optimizer is not None and _optimizer._program is program else None
 
 
 def load_model(path, mode=0, executor=None, main_program=None):

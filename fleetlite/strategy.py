@@ -13,7 +13,6 @@ from fleetlite.proto import strategy_pb2
 UNSUPPORTED = {
     "pipeline": "pipeline parallelism is not data parallel",
     "tensor_parallel": "tensor parallelism is not data parallel",
-    "sharding": "Fleet's static sharding is not implemented; use pto for sharded optimizer updates",
     "asp": "automatic sparsity is not implemented",
     "qat": "quantisation-aware training is not implemented",
     "semi_auto": "semi-automatic parallelism is not implemented",

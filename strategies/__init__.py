@@ -16,6 +16,7 @@ from fleetlite.strategies.fuse_optimizer import FuseAllOptimizerOps
 from fleetlite.strategies.gloo_lowering import GlooLowering
 from fleetlite.strategies.gradient_merge import GradientMerge, GradientMergeUpdate
 from fleetlite.strategies.hierarchical_allreduce import HierarchicalAllReduce
+from fleetlite.strategies.pto import Pto
 from fleetlite.strategies.scale_gradient import ScaleGradient
 from fleetlite.strategies.sync_batch_norm import SyncBatchNorm
 from fleetlite.strategies.sync_nccl_allreduce import SyncNcclAllReduce
@@ -33,6 +34,7 @@ REGISTRY = (
     SyncBatchNorm,
     GradientMerge,
     GradientMergeUpdate,
+    Pto,
     FuseAllOptimizerOps,
     OpFusion,
     ScaleGradient,

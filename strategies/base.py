@@ -76,6 +76,7 @@ class CompileContext:
         self.loss_scaling = None            # AMP's loss-scale state (strategies/amp.LossScaling), if scaled
         self.found_inf = None               # AMP's overflow flag: the optimizer skips its update when set
         self.reduced = False                # True once a pass makes gradients cross ranks
+        self.update_only = []               # ops that run only when the update runs (gradient merge moves them with it)
         self.runtime_flags = {}             # Paddle flags the program needs at run time
         self.current_pass = None
 

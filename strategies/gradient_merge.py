@@ -12,8 +12,9 @@ accumulator in place.
 everything that depends on the accumulated sums — those copies, the collectives, AMP's
 unscale, the optimizer — into the true branch of one `pd_op.if` at the end of the program,
 taken when a persistable step counter reaches a multiple of k_steps; the branch ends by
-zeroing the accumulators. The counter is the same on every rank, so every rank takes the
-branch on the same run and the collectives inside it always meet.
+zeroing the accumulators. Ops a pass lists in `context.update_only` (pto's parameter exchange,
+which a rank that owns nothing runs without reading any gradient) move with them. The counter
+is the same on every rank, so every rank takes the branch on the same run and the collectives inside it always meet.
 
 Why a copy and a branch-final zero: inside an `if` branch Paddle 3.3.1's executor does not
 order an in-place write to an outer value after reads of another value that aliases the same
@@ -73,7 +74,7 @@ class GradientMergeUpdate(Pass):
         k_steps = self.strategy.gradient_merge_configs.k_steps
         accumulated = [op.result(0) for op in program_edit.created_by(context.block, GradientMerge.name)
                        if op.name() == "pd_op.add_"]
-        conditional = downstream_ops(context.block, accumulated)
+        conditional = downstream_ops(context.block, accumulated, context.update_only)
         with context.edit():
             counter = create_persistable_value("int64", [1], paddle.utils.unique_name.generate("gradient_merge_step"),
                                                initializer=paddle.nn.initializer.Constant(0))
@@ -93,10 +94,12 @@ class GradientMergeUpdate(Pass):
                           {"conditional_ops": len(conditional), "k_steps": k_steps})
 
 
-def downstream_ops(block, values):
-    """The ops of `block` that read `values`, directly or through other such ops, in program order."""
+def downstream_ops(block, values, extra=()):
+    """The ops of `block` that read `values`, directly or through other such ops, plus `extra`
+    (ops that belong to the update without reading it, e.g. pto's parameter exchange) and their
+    readers, in program order."""
     found = set()
-    pending = [op for value in values for op in value.all_used_ops()]
+    pending = [op for value in values for op in value.all_used_ops()] + list(extra)
     while pending:
         op = pending.pop()
         if op.id() in found:

@@ -1,0 +1,247 @@
+"""pto (and Fleet's `sharding`, stage 1): each rank updates 1/N of the parameters, then shares them.
+
+After the gradient all-reduce every rank holds the same reduced gradients and would run the
+same optimizer update. This pass splits the parameters into N parts (`plan_partition`:
+`size` gives the next largest parameter to the rank with the fewest bytes so far,
+`round_robin` gives parameter i, in gradient-ready order, to rank i mod N), keeps only the
+update ops of this rank's part, removes the other parts' optimizer state (its `pd_op.data`
+ops in main, its initialisation in the startup program: the executor never creates those
+variables, so optimizer memory per rank is about 1/N), and then brings every parameter to every
+rank: per bucket of at most `allgather_bucket_MB` MiB of one owner's parameters, a `broadcast_`
+from that owner on ring 0 (in place on the parameter when the bucket holds one; packed with one
+concat and unpacked with one split otherwise).
+
+Why broadcast and not all_gather: all_gather needs the same shape from every rank, and the
+parts are whole parameters of unequal sizes, so it would need every part padded to the
+largest and packed and unpacked on every rank; broadcast sends each part as it is, with no
+copy for a single parameter (benchmarks/pto.py measures both).
+
+The gradient communication is left as it is: every rank keeps all reduced gradients, so a
+global-norm clip computes the norm over all of them exactly as one process does, and AMP's
+overflow flag is agreed (MAX over ring 0) before any owner updates. On GPU a reduce-scatter to
+the owners would halve the gradient traffic, but then the global norm needs an all-reduce of
+partial squared norms and AMP's check a reduced flag over the parts; fleetlite does not build
+that program, and the report says the all-reduce stays.
+
+With gradient merge, the exchange runs inside its conditional branch, with the update (the
+pass hands its ops to gradient_merge_update through `context.update_only`); with
+fuse_all_optimizer_ops, merged_adam_ merges the owned Adam updates.
+"""
+import math
+import paddle
+
+from fleetlite import program_edit
+from fleetlite.compile_report import human_bytes
+from fleetlite.errors import CompileError, StrategyConflictError
+from fleetlite.strategies.base import Pass, PassResult, Phase, read_field
+from fleetlite.strategies.fuse_optimizer import UPDATE_OPS
+from fleetlite.strategy import register_check
+
+MiB = 1 << 20
+NOT_STATE = ("param", "grad", "learning_rate", "skip_update")
+
+
+def plan_partition(sizes, world, how):
+    """The owning rank of each parameter (sizes in bytes, gradient-ready order)."""
+    if how == "round_robin":
+        return [i % world for i in range(len(sizes))]
+    owners, load = [0] * len(sizes), [0] * world
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        owners[i] = rank
+        load[rank] += sizes[i]
+    return owners
+
+
+def plan_exchange(owners, sizes, bucket_bytes):
+    """[(owner, [parameter indices])]: one broadcast each, owners in rank order, each bucket
+    at most `bucket_bytes` (a larger parameter alone; 0: one parameter per bucket)."""
+    buckets = []
+    for owner in sorted(set(owners)):
+        current, total = [], 0
+        for i in (i for i, o in enumerate(owners) if o == owner):
+            if current and total + sizes[i] > bucket_bytes:
+                buckets.append((owner, current))
+                current, total = [], 0
+            current.append(i)
+            total += sizes[i]
+        buckets.append((owner, current))
+    return buckets
+
+
+def sharding_degree_check(strategy, topology):
+    """Fleet's sharding maps to pto only as stage 1 over the whole world."""
+    if not strategy.sharding:
+        return
+    configs = strategy.sharding_configs
+    if configs.stage != 1:
+        raise StrategyConflictError(
+            f"sharding_configs.stage = {configs.stage}: fleetlite shards optimizer state only (stage 1); "
+            f"stage 2 (gradients) and 3 (parameters) are not implemented", field="sharding_configs.stage",
+            value=configs.stage, fix="set sharding_configs.stage: 1")
+    for name in ("mp_degree", "pp_degree", "dp_degree"):
+        if getattr(configs, name) != 1:
+            raise StrategyConflictError(
+                f"sharding_configs.{name} = {getattr(configs, name)}: hybrid sharding is not data parallel",
+                field=f"sharding_configs.{name}", value=getattr(configs, name),
+                fix=f"set sharding_configs.{name}: 1 and shard over the whole world")
+    for name in ("hybrid_dp", "optimize_offload", "optimize_cast", "pp_allreduce_in_optimize",
+                 "_dp_as_optimizer_sharding"):
+        if getattr(configs, name):
+            raise StrategyConflictError(f"sharding_configs.{name} is not implemented by fleetlite's stage-1 sharding",
+                                        field=f"sharding_configs.{name}", value=True,
+                                        fix=f"set sharding_configs.{name}: false")
+    if configs.sharding_segment_strategy != "segment_broadcast_MB":
+        raise StrategyConflictError(
+            f"sharding_configs.sharding_segment_strategy = {configs.sharding_segment_strategy!r}: fleetlite buckets "
+            f"the parameter exchange by size only", field="sharding_configs.sharding_segment_strategy",
+            value=configs.sharding_segment_strategy,
+            fix="set sharding_segment_strategy: segment_broadcast_MB and size the buckets with segment_broadcast_MB")
+    if configs.gradient_merge_acc_step != 1:
+        raise StrategyConflictError(
+            f"sharding_configs.gradient_merge_acc_step = {configs.gradient_merge_acc_step}: use the gradient_merge "
+            f"knob", field="sharding_configs.gradient_merge_acc_step", value=configs.gradient_merge_acc_step,
+            fix="set gradient_merge: true and gradient_merge_configs.k_steps instead")
+    if topology is not None and configs.sharding_degree != topology.world_size:
+        raise StrategyConflictError(
+            f"sharding_configs.sharding_degree = {configs.sharding_degree} but the job has {topology.world_size} "
+            f"ranks: fleetlite shards over the whole world (no hybrid degrees)",
+            field="sharding_configs.sharding_degree", value=configs.sharding_degree,
+            fix=f"set sharding_configs.sharding_degree: {topology.world_size}")
+
+
+register_check(sharding_degree_check)
+
+
+class Pto(Pass):
+    name = "pto"
+    phase = Phase.UPDATE_REWRITE
+    before = ("build_strategy.fuse_all_optimizer_ops", "gradient_merge_update")
+    conflicts = {"topk": "top-k hands each rank a different sparse gradient estimate and keeps error-feedback "
+                         "residuals per parameter on every rank; a sharded update would need the owner's "
+                         "residuals only, which the top-k pass does not partition"}
+    reads = ("pto", "pto_configs.partition", "pto_configs.allgather_bucket_MB", "sharding",
+             "sharding_configs.sharding_degree", "sharding_configs.stage", "sharding_configs.segment_broadcast_MB",
+             "sharding_configs.sharding_segment_strategy")
+
+    def enabled(self):
+        return bool(self.strategy.pto or self.strategy.sharding)
+
+    def applicable(self, topology, program):
+        if topology.world_size == 1:
+            return "one rank: it updates every parameter itself"
+        return None
+
+    def config(self):
+        used = ("pto_configs.partition", "pto_configs.allgather_bucket_MB") if self.strategy.pto else \
+            ("sharding_configs.sharding_degree", "sharding_configs.stage", "sharding_configs.segment_broadcast_MB")
+        return {name: read_field(self.strategy, name) for name in used}
+
+    def _settings(self):
+        """(partition, bucket bytes): pto_configs, or Fleet's sharding segment size."""
+        if self.strategy.pto:
+            return self.strategy.pto_configs.partition, int(self.strategy.pto_configs.allgather_bucket_MB * MiB)
+        return "size", int(self.strategy.sharding_configs.segment_broadcast_MB * MiB)
+
+    def apply(self, context):
+        block, rank, world = context.block, context.topology.rank, context.topology.world_size
+        updates = [op for op in block.ops if op.name() in UPDATE_OPS]
+        if not updates:
+            raise CompileError("pto needs the optimizer's per-parameter update ops (sgd_, momentum_, adam_, adamw_, "
+                               "lamb_), and this program has none")
+        params = [_operand(op, "param") for op in updates]
+        sizes = [program_edit.nbytes(p) for p in params]
+        how, bucket_bytes = self._settings()
+        owners = plan_partition(sizes, world, how)
+        names = [_name(p) for p in params]
+        state = {name: [_name(v) for v in _state(op)] for name, op in zip(names, updates)}
+        state_bytes = {name: sum(program_edit.nbytes(v) for v in _state(op)) for name, op in zip(names, updates)}
+        others = [op for op, owner in zip(updates, owners) if owner != rank]
+        dropped = [value for op in others for value in state[_name(_operand(op, "param"))]]
+        updated = {program_edit.key(p): op.result(0) for op, p, owner in zip(updates, params, owners) if owner == rank}
+        program_edit.remove_ops(block, others)
+        removed = remove_dead_ops(block)
+        uninitialised = remove_startup_state(paddle.static.default_startup_program(), set(dropped))
+        buckets = plan_exchange(owners, sizes, bucket_bytes)
+        with context.edit() as created:
+            for owner, members in buckets:
+                _exchange(rank, owner, [params[i] for i in members],
+                          [updated.get(program_edit.key(params[i])) for i in members])
+        context.update_only.extend(created)
+        per_rank = [sum(state_bytes[n] for n, o in zip(names, owners) if o == r) for r in range(world)]
+        param_bytes = [sum(s for s, o in zip(sizes, owners) if o == r) for r in range(world)]
+        details = {"partition": how, "owners": dict(zip(names, owners)), "parameter_bytes_per_rank": param_bytes,
+                   "state_bytes_per_rank": per_rank, "state_bytes_unsharded": sum(per_rank),
+                   "collective": "broadcast_", "exchange_buckets": len(buckets),
+                   "gradient_communication": "all_reduce (every rank keeps all reduced gradients)",
+                   "state_owners": {v: o for n, o in zip(names, owners) for v in state[n]}, "dead_ops_removed": removed, "startup_inits_removed": uninitialised}
+        parts = ", ".join(f"rank {r}: {sum(o == r for o in owners)} ({human_bytes(param_bytes[r])})" for r in range(world))
+        summary = (f"{len(updates)} updates in {world} parts by {how} ({parts}); this rank keeps {len(updates) - len(others)}"
+                   f" and {human_bytes(per_rank[rank])} of {human_bytes(sum(per_rank))} optimizer state; "
+                   f"{len(buckets)} broadcast_ from the owners; gradients still all-reduced")
+        return PassResult(summary, details)
+
+
+def _operand(op, name):
+    return op.operand_source(op.get_input_names().index(name))
+
+
+def _name(value):
+    """The persistable name of a parameter or state value (its builtin.parameter / pd_op.data op)."""
+    producer = value.get_defining_op()
+    attrs = producer.attrs()
+    return attrs.get("parameter_name") or attrs["name"]
+
+
+def _state(op):
+    """The optimizer state values an update op reads and writes (moments, beta powers, master weight)."""
+    values = []
+    for index, name in enumerate(op.get_input_names()):
+        value = op.operand_source(index)
+        if name in NOT_STATE or not value.initialized():
+            continue
+        producer = value.get_defining_op()
+        if producer is not None and producer.name() == "pd_op.data":
+            values.append(value)
+    return values
+
+
+def remove_dead_ops(block):
+    """Remove the update-side ops nothing reads any more (the dropped parts' clipping, weight
+    decay, state and constants); in-place and result-less ops are kept. Returns how many."""
+    removed = 0
+    while True:
+        dead = [op for op in block.ops if op.op_role == program_edit.OPTIMIZE and op.num_results() > 0
+                and not op.name().endswith("_") and op.num_regions() == 0
+                and all(result.use_empty() for result in op.results())]
+        if not dead:
+            return removed
+        program_edit.remove_ops(block, dead)
+        removed += len(dead)
+
+
+def remove_startup_state(startup, names):
+    """Remove the startup program's initialisation of the variables `names`; returns how many."""
+    block = startup.global_block()
+    setters = [op for op in block.ops if op.name() == "builtin.shadow_output"
+               and op.attrs().get("output_name") in names]
+    producers = [op.operand_source(0).get_defining_op() for op in setters]
+    program_edit.remove_ops(block, setters)
+    program_edit.remove_ops(block, [op for op in producers if all(r.use_empty() for r in op.results())])
+    return len(setters)
+
+
+def _exchange(rank, owner, params, updated):
+    """Broadcast `params` from `owner`: the owner sends its updated values, the others
+    receive into their parameters."""
+    sources = [u if rank == owner else p for p, u in zip(params, updated)]
+    if len(params) == 1:
+        paddle._C_ops.broadcast_(sources[0], 0, owner)
+        return
+    packed = paddle.concat([paddle.reshape(v, [-1]) for v in sources])
+    received = paddle._C_ops.broadcast_(packed, 0, owner)
+    if rank == owner:
+        return
+    parts = paddle.split(received, [math.prod(p.shape) for p in params])
+    for param, part in zip(params, parts):
+        paddle.assign(paddle.reshape(part, param.shape), output=param)
