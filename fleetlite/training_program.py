@@ -13,7 +13,7 @@ from typing import Any, List
 import paddle
 from paddle.base.framework import pir_op_role_guard
 
-from fleetlite import compiler, program_edit
+from fleetlite import compiler, gradient_clip, program_edit
 from fleetlite.compile_report import CompileReport
 
 BROADCAST = "broadcast_parameters"
@@ -38,7 +38,7 @@ def build(loss, optimizer, strategy, topology, startup_program=None, parameter_l
     def update(reduced, found_inf):
         if found_inf is not None:   # Paddle's Adam family then skips the step, moments included
             optimizer._set_auxiliary_var("found_inf", found_inf)
-        with pir_op_role_guard(program_edit.OPTIMIZE):
+        with pir_op_role_guard(program_edit.OPTIMIZE), gradient_clip.buildable(optimizer):
             optimizer.apply_gradients(reduced)
 
     with paddle.static.program_guard(main, startup):     # state a pass creates is initialised in `startup`
