@@ -159,7 +159,8 @@ class _UnreducedSource:
             return None
         if op.id() not in self.memo:
             self.memo[op.id()] = None
-            self.memo[op.id()] = next((found for found in map(self, op.operands_source()) if found is not None), None)
+            sources = (self(source) for source in op.operands_source())
+            self.memo[op.id()] = next((found for found in sources if found is not None), None)
         return self.memo[op.id()]
 
 

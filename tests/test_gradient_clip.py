@@ -25,9 +25,10 @@ import pytest
 
 from fleetlite import CompileError, Topology, compiler, invariants, program_edit
 from multiprocess import run_job
+from test_compiler import backward_program
 from workers import clip_worker
 from workers.in_process import strategy, train
-from workers.models import compiled_program, digits, loss as model_loss
+from workers.models import compiled_program, digits
 
 WORKER = Path(__file__).resolve().parent / "workers" / "clip_worker.py"
 TOLERANCE = 1e-5
@@ -49,6 +50,10 @@ DECAYED = {
     "sgd/L1-optimizer": {"optimizer": "sgd", "decay": {"optimizer": "L1"}},
     "momentum/L1-parameter+L2-optimizer/global_norm": {"optimizer": "momentum", "clip": CLIPS["global_norm"],
                                                       "decay": {"parameter": "L1", "optimizer": "L2"}},
+    "momentum/value/hidden-weight-unclipped": {"optimizer": "momentum", "clip": CLIPS["value"],
+                                               "clip_hidden_weight": False},
+    "adam/global_norm/hidden-weight-unclipped": {"optimizer": "adam", "clip": CLIPS["global_norm"],
+                                                 "clip_hidden_weight": False},
 }
 ONE_PROCESS = {**PLAIN, **DECAYED}        # what Paddle's dynamic mode can also train
 WITH_KNOBS = {f"{opt}/{clip}/{knob}": {"optimizer": opt, "clip": bound, "strategy": KNOBS[knob]}
@@ -60,6 +65,12 @@ PER_RANK_NORM = {"control/per_rank_norm": {"optimizer": "sgd", "clip": CLIPS["gl
                                            "clip_before_reduce": True}}
 CASES = {**ONE_PROCESS, **WITH_KNOBS}
 JOBS = {2: 1, 4: 2}   # world size: nodes
+CPU_2 = Topology.grid(2)
+BY_NAME = ["linear_0.b_0", "linear_0.w_0", "linear_1.b_0", "linear_1.w_0"]    # apply_gradients' order
+UNPACK = (["all_reduce_", "full", "scale_", "full_int_array", "full", "split", "builtin.split"]
+          + ["full_int_array", "reshape"] * 4)     # the one fused bucket: reduce, average, unpack
+GLOBAL_NORM = (["squared_l2_norm"] * 4 + ["builtin.combine", "stack", "full_int_array", "sum"] * 2
+               + ["sqrt", "full", "maximum", "divide"] + ["multiply"] * 4)
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +79,94 @@ def trained():
     cases = json.dumps({**CASES, **PER_RANK_NORM})
     oracle = run_job(WORKER, 1, args=[cases], timeout=200)[0]
     return oracle, {world: run_job(WORKER, world, nodes, args=[cases], timeout=300) for world, nodes in JOBS.items()}
+
+
+# --- structure -----------------------------------------------------------------------------
+def names(ops):
+    return [op.name().replace("pd_op.", "") for op in ops]
+
+
+def clipped_program(clip, optimizer=paddle.optimizer.SGD, **fields):
+    paddle.enable_static()
+    return compiled_program(strategy(**fields), CPU_2, optimizer=optimizer(0.01, grad_clip=clip))
+
+
+def reading(ops, name, built):
+    """The parameters whose reduced gradient each `name` op reads, in program order."""
+    reduced = {program_edit.key(g): p.name for p, g in built.params_grads}
+    return [reduced.get(program_edit.key(op.operand_source(0))) for op in ops if op.name() == "pd_op." + name]
+
+
+@pytest.mark.parametrize("clip, ops, reader", [
+    (paddle.nn.ClipGradByGlobalNorm(1.0), GLOBAL_NORM, "squared_l2_norm"),
+    (paddle.nn.ClipGradByNorm(0.4), ["clip_by_norm"] * 4, "clip_by_norm"),
+    (paddle.nn.ClipGradByValue(0.05), ["full", "full", "clip"] * 4, "clip"),
+])
+def test_the_clip_reads_the_reduced_gradients_right_after_the_all_reduce(clip, ops, reader):
+    main, _, built = clipped_program(clip)
+    program = names(main.global_block().ops)
+    assert program[program.index("all_reduce_"):] == UNPACK + ops + ["sgd_"] * 4
+    assert reading(main.global_block().ops, reader, built) == BY_NAME
+
+
+def test_with_amp_the_clip_reads_the_unscaled_gradients():
+    main, _, built = clipped_program(paddle.nn.ClipGradByGlobalNorm(1.0), **KNOBS["amp"])
+    ops = main.global_block().ops
+    program = names(ops)
+    assert (program.index("all_reduce_") < program.index("check_finite_and_unscale_")
+            < program.index("update_loss_scaling_") < program.index("squared_l2_norm"))
+    assert reading(ops, "squared_l2_norm", built) == BY_NAME
+    for _, unscaled in built.params_grads:
+        assert unscaled.get_defining_op().operand_source(0).get_defining_op().name() == "pd_op.update_loss_scaling_"
+
+
+def test_with_gradient_merge_the_clip_runs_in_the_branch_on_the_merged_reduced_gradients():
+    main, _, built = clipped_program(paddle.nn.ClipGradByGlobalNorm(1.0), **KNOBS["gradient_merge"])
+    block = main.global_block()
+    assert not {"squared_l2_norm", "multiply", "sgd_"} & set(names(block.ops))
+    branch = next(iter(block.ops[-1].blocks()))
+    inside = names(branch.ops)
+    assert inside[inside.index("all_reduce_"):inside.index("sgd_")] == [
+        "all_reduce_", "scale_", "split", "builtin.split", *["reshape"] * 4, *["squared_l2_norm"] * 4,
+        "builtin.combine", "stack", "sum", "builtin.combine", "stack", "sum", "sqrt", "maximum", "divide",
+        *["multiply"] * 4]
+    assert reading(branch.ops, "squared_l2_norm", built) == BY_NAME
+
+
+def test_fused_adam_updates_with_the_clipped_reduced_gradients():
+    main, _, built = clipped_program(paddle.nn.ClipGradByGlobalNorm(1.0), paddle.optimizer.Adam,
+                                     **KNOBS["fuse_all_optimizer_ops"])
+    ops = main.global_block().ops
+    program = names(ops)
+    start = program.index("all_reduce_")
+    assert program[start:start + len(UNPACK + GLOBAL_NORM)] == UNPACK + GLOBAL_NORM
+    assert "adam_" not in program and program.count("merged_adam_") == 1
+    merged = ops[program.index("merged_adam_")]
+    gradients = merged.operand_source(merged.get_input_names().index("grad")).get_defining_op().operands_source()
+    clipped = [op for op in ops if op.name() == "pd_op.multiply"]
+    assert [g.get_defining_op().id() for g in gradients] == [op.id() for op in clipped]
+    assert reading(ops, "multiply", built) == BY_NAME
+
+
+def test_a_clip_whose_norm_reads_this_ranks_own_gradients_is_rejected():
+    """The per-rank norm: each rank would scale its reduced gradient by a different factor."""
+    main, startup, params_grads = backward_program()
+    gradients, _ = compiler.compile(main, params_grads, strategy(), CPU_2)
+    with paddle.static.program_guard(main, startup):
+        per_rank = paddle.nn.ClipGradByGlobalNorm(1.0)(params_grads)         # the norm of the raw gradients
+        factor = per_rank[0][1].get_defining_op().operand_source(1)
+        paddle.optimizer.SGD(0.1).apply_gradients([(g.param, paddle.multiply(g.synced, factor)) for g in gradients])
+    with pytest.raises(CompileError, match="the optimizer update of linear_0.b_0 reads the gradient of "
+                                           "linear_1.b_0 before it is reduced"):
+        invariants.check_optimizer_reads_synced(main.global_block(), gradients)
+
+
+def test_the_users_clip_is_back_on_the_optimizer_after_minimize():
+    paddle.enable_static()
+    clip = paddle.nn.ClipGradByValue(0.05)
+    optimizer = paddle.optimizer.SGD(0.1, grad_clip=clip)
+    compiled_program(strategy(), CPU_2, optimizer=optimizer)
+    assert optimizer._grad_clip is clip
 
 
 # --- numbers -------------------------------------------------------------------------------

@@ -9,12 +9,13 @@ one-process result is the oracle of every world size. A real rank feeds BATCH //
 each micro-step's batch, the one-process oracle all of them. A case is
   {"optimizer": "sgd"|"momentum"|"adam"|"adamw", "clip": [kind, bound] or null,
    "decay": {"parameter": "L1"|"L2", "optimizer": "L1"|"L2"} (either or none),
-   "strategy": {field: value}, "clip_before_reduce": false}
+   "clip_hidden_weight": true, "strategy": {field: value}, "clip_before_reduce": false}
 where kind is "global_norm", "norm" or "value" (ClipGradByValue(bound, -bound)); a parameter
 decay is set on the hidden layer's weight through ParamAttr(regularizer=...), an optimizer decay
-as weight_decay=... (AdamW always has its own decoupled weight decay). clip_before_reduce builds
-what fleetlite must never build, so that a test can show parity would catch it: each rank clips
-its own gradients by their own norm and only then are they averaged.
+as weight_decay=... (AdamW always has its own decoupled weight decay); "clip_hidden_weight":
+false sets need_clip=False on that weight. clip_before_reduce builds what fleetlite must never
+build, so that a test can show parity would catch it: each rank clips its own gradients by
+their own norm and only then are they averaged.
 """
 import json
 import os
@@ -55,9 +56,10 @@ def make_optimizer(case, parameters=None, clip=True):
 
 
 def make_model(case):
-    """The digits MLP, its hidden weight regularized when the case decays parameters."""
+    """The digits MLP; the case may regularize its hidden weight or leave it out of the clip."""
     decay = case.get("decay", {}).get("parameter")
-    return models.Mlp(paddle.ParamAttr(regularizer=DECAYS[decay](DECAY_COEFF)) if decay else None)
+    return models.Mlp(paddle.ParamAttr(regularizer=DECAYS[decay](DECAY_COEFF) if decay else None,
+                                       need_clip=case.get("clip_hidden_weight", True)))
 
 
 def make_strategy(fields):
