@@ -58,9 +58,20 @@ DECAYED = {
 ONE_PROCESS = {**PLAIN, **DECAYED}        # what Paddle's dynamic mode can also train
 WITH_KNOBS = {f"{opt}/{clip}/{knob}": {"optimizer": opt, "clip": bound, "strategy": KNOBS[knob]}
               for knob in KNOBS for opt in KNOB_OPTIMIZERS[knob] for clip, bound in CLIPS.items()}
-WITH_KNOBS["momentum/L2-parameter/global_norm/gradient_merge"] = {
-    "optimizer": "momentum", "clip": CLIPS["global_norm"], "decay": {"parameter": "L2"},
-    "strategy": KNOBS["gradient_merge"]}
+# Gradient layouts other than the one fused bucket: a global norm reads every bucket's output.
+LAYOUTS = {"unfused": {"fuse_all_reduce_ops": False},
+           "two_buckets": {"fuse_grad_size_in_TFLOPS": 2, "last_comm_group_size_MB": 0},
+           "hierarchical": {"use_hierarchical_allreduce": True}}     # 4 ranks: 2 nodes; skipped on 2
+WITH_KNOBS.update({f"adamw/global_norm/{layout}": {"optimizer": "adamw", "clip": CLIPS["global_norm"],
+                                                   "strategy": fields} for layout, fields in LAYOUTS.items()})
+WITH_KNOBS.update({
+    "momentum/L2-parameter/global_norm/gradient_merge": {
+        "optimizer": "momentum", "clip": CLIPS["global_norm"], "decay": {"parameter": "L2"},
+        "strategy": KNOBS["gradient_merge"]},
+    "sgd/L1-parameter+L2-optimizer/value/gradient_merge": {
+        "optimizer": "sgd", "clip": CLIPS["value"], "decay": {"parameter": "L1", "optimizer": "L2"},
+        "strategy": KNOBS["gradient_merge"]},
+})
 PER_RANK_NORM = {"control/per_rank_norm": {"optimizer": "sgd", "clip": CLIPS["global_norm"],
                                            "clip_before_reduce": True}}
 CASES = {**ONE_PROCESS, **WITH_KNOBS}
@@ -228,6 +239,14 @@ def dygraph_training(case, initial):
         return losses, {name: param.numpy() for param, name in zip(model.parameters(), names)}
     finally:
         paddle.enable_static()
+
+
+@pytest.mark.parametrize("world", JOBS)
+def test_the_gradient_layouts_really_ran(trained, world):
+    ran = {layout: trained[1][world][0][f"adamw/global_norm/{layout}"] for layout in LAYOUTS}
+    assert "fuse_all_reduce_ops" not in ran["unfused"]["applied"] and ran["unfused"]["buckets"] == 4
+    assert ran["two_buckets"]["buckets"] == 2
+    assert ("use_hierarchical_allreduce" in ran["hierarchical"]["applied"]) == (world == 4)
 
 
 @pytest.mark.parametrize("name", [n for n in WITH_KNOBS if n.endswith("/amp")])

@@ -1,7 +1,7 @@
 """Train every gradient-clipping / weight-decay case for a few micro-steps on this rank's shard;
-report the initial and final trainable parameters, the losses and the passes that ran (the
-clipping tests compare them with one process on the full batch, and that one with Paddle's
-dynamic mode).
+report the initial and final trainable parameters, the losses, the passes that ran and the
+number of gradient buckets (the clipping tests compare them with one process on the full
+batch, and that one with Paddle's dynamic mode).
 
 Usage: clip_worker.py CASES_JSON
 The model is the digits MLP, without batch norm: the shards do not change the function, so the
@@ -72,7 +72,7 @@ def make_strategy(fields):
 def fleet_minimize(case, loss, startup):
     optimizer = fleet.distributed_optimizer(make_optimizer(case), make_strategy(case.get("strategy", {})))
     _, params_grads = optimizer.minimize(loss, startup)
-    return params_grads, optimizer.compile_report.applied
+    return params_grads, optimizer.compile_report
 
 
 def clip_before_reduce(case, loss, startup):
@@ -85,7 +85,7 @@ def clip_before_reduce(case, loss, startup):
     optimizer.apply_gradients([(g.param, g.synced) for g in gradients])
     if topology.world_size > 1:
         training_program.broadcast_parameters(startup)
-    return [(g.param, g.synced) for g in gradients], report.applied
+    return [(g.param, g.synced) for g in gradients], report
 
 
 def train(case, x_all, y_all):
@@ -97,7 +97,7 @@ def train(case, x_all, y_all):
         y = paddle.static.data("y", [rows, 1], "int64")
         loss = paddle.nn.functional.cross_entropy(make_model(case)(x), y)
         minimize = clip_before_reduce if case.get("clip_before_reduce") else fleet_minimize
-        params_grads, applied = minimize(case, loss, startup)
+        params_grads, report = minimize(case, loss, startup)
     names = sorted(p.name for p, _ in params_grads)
     exe = paddle.static.Executor(paddle.CPUPlace())
     with paddle.static.scope_guard(scope):
@@ -110,7 +110,8 @@ def train(case, x_all, y_all):
             feed = {"x": x_all[start:start + rows], "y": y_all[start:start + rows]}
             losses.append(float(exe.run(main, feed=feed, fetch_list=[loss])[0]))
         params = {n: np.array(scope.find_var(n).get_tensor()).tolist() for n in names}
-    return {"initial": initial, "losses": losses, "params": params, "applied": applied}
+    return {"initial": initial, "losses": losses, "params": params, "applied": report.applied,
+            "buckets": len(report.buckets)}
 
 
 def main():
