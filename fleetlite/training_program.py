@@ -3,9 +3,11 @@
 `build` is what `DistributedOptimizer.minimize` and `fleetlite explain` share: compile (its
 forward passes, backward, the rest, and the inner optimizer's `apply_gradients` on the reduced
 gradients before the passes that rewrite the update), then the startup program broadcasts every
-parameter from rank 0, so ranks start identical whatever their seeds. Ops carry Paddle's op
-roles (forward 0, backward and gradient communication 1, optimizer 2), which plain PIR programs
-leave at -1.
+parameter from rank 0, so ranks start identical whatever their seeds. The optimizer's gradient
+clip and weight decay are part of `apply_gradients`, so they read the reduced gradients: a
+global norm is the norm of the averaged gradient, as in one process (`gradient_clip` builds the
+clip Paddle cannot build in PIR). Ops carry Paddle's op roles (forward 0, backward and
+gradient communication 1, optimizer 2), which plain PIR programs leave at -1.
 """
 from dataclasses import dataclass
 from typing import Any, List
