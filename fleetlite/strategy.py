@@ -5,6 +5,8 @@ get/set, `*_configs` set from dicts, `build_strategy` / `execution_strategy`, pr
 What differs is on purpose: every write is checked (unknown names get a did-you-mean, wrong types
 and ranges name the allowed values), sections are live views, and loads replace instead of merge.
 """
+import functools
+
 from fleetlite import schema, strategy_files
 from fleetlite.errors import StrategyConflictError
 from fleetlite.proto import strategy_pb2
@@ -83,7 +85,7 @@ class DistributedStrategy:
 
     def non_default(self):
         """{dotted field: value} for every field whose value differs from the schema default."""
-        defaults = schema.flatten(schema.to_dict(strategy_pb2.DistributedStrategy(), False))
+        defaults = _schema_defaults()
         current = schema.flatten(self.to_dict(False))
         return {k: v for k, v in current.items() if defaults.get(k) != v}
 
@@ -124,6 +126,12 @@ class DistributedStrategy:
         for check in _CROSS_FIELD_CHECKS:
             check(self, topology)
         return self
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_defaults():
+    """{dotted field: default} of the schema (fixed for the process; compile asks often)."""
+    return schema.flatten(schema.to_dict(strategy_pb2.DistributedStrategy(), False))
 
 
 def BuildStrategy():
