@@ -91,13 +91,13 @@ def _merge(context, group):
                              for n in CONSTANTS)
     attrs = group[0].attrs()
     with context.edit(after=group[-1]):
-        merged = paddle._C_ops.merged_adam_(inputs["param"], inputs["grad"], inputs["learning_rate"], inputs["moment1"],
+        paddle._C_ops.merged_adam_(inputs["param"], inputs["grad"], inputs["learning_rate"], inputs["moment1"],
                                    inputs["moment2"], None, inputs["beta1_pow"], inputs["beta2_pow"], None,
                                    beta1, beta2, epsilon, attrs["multi_precision"], attrs["use_global_beta_pow"],
                                    attrs["amsgrad"])
     constants = {producer.id(): producer for producer in
                  (op.operand_source(names.index(n)).get_defining_op() for op in group for n in CONSTANTS)}
-    for op, param_out in zip(group, merged[0]):    # later readers of an updated parameter (pto's exchange)
-        op.result(0).replace_all_uses_with(param_out)
+    for op in group:   # later readers of an updated parameter (pto's exchange) read the parameter itself:
+        op.result(0).replace_all_uses_with(op.operand_source(0))   # merged_adam_'s outputs are typed 0-size in PIR
     program_edit.remove_ops(context.block, group)
     program_edit.remove_ops(context.block, [op for op in constants.values() if op.result(0).use_empty()])

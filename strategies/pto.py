@@ -85,8 +85,7 @@ def sharding_degree_check(strategy, topology):
                 f"sharding_configs.{name} = {getattr(configs, name)}: hybrid sharding is not data parallel",
                 field=f"sharding_configs.{name}", value=getattr(configs, name),
                 fix=f"set sharding_configs.{name}: 1 and shard over the whole world")
-    for name in ("hybrid_dp", "optimize_offload", "optimize_cast", "pp_allreduce_in_optimize",
-                 "_dp_as_optimizer_sharding"):
+    for name in ("hybrid_dp", "optimize_offload", "optimize_cast", "pp_allreduce_in_optimize"):
         if getattr(configs, name):
             raise StrategyConflictError(f"sharding_configs.{name} is not implemented by fleetlite's stage-1 sharding",
                                         field=f"sharding_configs.{name}", value=True,
