@@ -44,7 +44,7 @@ def emit(context, bucket):
     follows readiness: the first buckets are issued while backward is still running.
     """
     grads = [context.gradients[i] for i in bucket.members]
-    last = max((g.grad.get_defining_op() for g in grads), key=_position(context.block))
+    last = max((g.grad.get_defining_op() for g in grads), key=position_in(context.block))
     with context.edit(after=last) as created:
         if len(grads) == 1:
             gradient = grads[0].grad
@@ -87,6 +87,7 @@ def replace_collective(context, op, value):
     program_edit.remove_ops(context.block, [op])
 
 
-def _position(block):
+def position_in(block):
+    """A key function: an op's index in `block`."""
     index = {op.id(): i for i, op in enumerate(block.ops)}
     return lambda op: index[op.id()]

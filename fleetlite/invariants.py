@@ -52,6 +52,8 @@ def check_gradients_reduced_once(context):
     world = context.topology.world_size if context.reduced else 1
     scale = context.gradient_scale if context.reduced and context.gradient_scale is not None else 1.0
     for grad in context.gradients:
+        if grad.synced is None:      # this rank does not receive it (pto's reduce-scatter to the owners)
+            continue
         paths = _paths(grad.synced, grad.grad, context.rings, {})
         if not paths:
             raise CompileError(f"the optimizer would read a value that does not derive from the gradient of {grad.name}")

@@ -106,6 +106,6 @@ def _rebind_gradients(context, readers):
         if reader is None:
             continue
         replacement = reader.operand_source(index)
-        if grad.synced.is_same(grad.grad):
+        if grad.synced is not None and grad.synced.is_same(grad.grad):
             grad.synced = replacement
         grad.grad = replacement

@@ -30,7 +30,7 @@ fuse_all_optimizer_ops, merged_adam_ merges the owned Adam updates.
 import math
 import paddle
 
-from fleetlite import program_edit
+from fleetlite import gradient_buckets, program_edit
 from fleetlite.compile_report import human_bytes
 from fleetlite.errors import CompileError, StrategyConflictError
 from fleetlite.strategies.base import Pass, PassResult, Phase, read_field
@@ -161,6 +161,11 @@ class Pto(Pass):
         program_edit.remove_ops(block, others)
         removed = remove_dead_ops(block)
         uninitialised = remove_startup_state(paddle.static.default_startup_program(), set(dropped))
+        owner_of = {program_edit.key(p): o for p, o in zip(params, owners)}
+        if context.topology.device == "gpu":
+            gradient_communication = reduce_scatter_to_owners(context, owner_of)
+        else:
+            gradient_communication = "all_reduce kept (gloo has no reduce_scatter): every rank uses its part"
         buckets = plan_exchange(owners, sizes, bucket_bytes)
         with context.edit() as created:
             for owner, members in buckets:
@@ -172,13 +177,70 @@ class Pto(Pass):
         details = {"partition": how, "owners": dict(zip(names, owners)), "parameter_bytes_per_rank": param_bytes,
                    "state_bytes_per_rank": per_rank, "state_bytes_unsharded": sum(per_rank),
                    "collective": "broadcast_", "exchange_buckets": len(buckets),
-                   "gradient_communication": "all_reduce (every rank keeps all reduced gradients)",
+                   "gradient_communication": gradient_communication,
                    "state_owners": {v: o for n, o in zip(names, owners) for v in state[n]}, "dead_ops_removed": removed, "startup_inits_removed": uninitialised}
         parts = ", ".join(f"rank {r}: {sum(o == r for o in owners)} ({human_bytes(param_bytes[r])})" for r in range(world))
         summary = (f"{len(updates)} updates in {world} parts by {how} ({parts}); this rank keeps {len(updates) - len(others)}"
                    f" and {human_bytes(per_rank[rank])} of {human_bytes(sum(per_rank))} optimizer state; "
-                   f"{len(buckets)} broadcast_ from the owners; gradients still all-reduced")
+                   f"{len(buckets)} broadcast_ from the owners; gradients: {gradient_communication}")
         return PassResult(summary, details)
+
+
+def reduce_scatter_to_owners(context, owner_of):
+    """GPU: each bucket's world all-reduce becomes one reduce_scatter whose chunk r holds the
+    bucket's gradients that rank r owns (each owner's run padded to the longest), so a rank
+    receives only the sums it updates. Returns the report's line."""
+    rank, world = context.topology.rank, context.topology.world_size
+    for grad in context.gradients:
+        readers = [] if owner_of[program_edit.key(grad.param)] == rank else list(grad.synced.all_used_ops())
+        if readers:
+            raise CompileError(
+                f"on GPU pto reduce-scatters each gradient to its owner, but {readers[0].name()} still reads the "
+                f"reduced gradient of {grad.name} on rank {rank}, which does not own it (global-norm clipping and "
+                f"AMP's overflow check read every gradient; they would need an all-reduce of partial squared norms "
+                f"and flags, which fleetlite does not build): drop the global-norm clip or AMP, or turn pto off")
+    for bucket in context.buckets:
+        collectives = [op for op in bucket.ops if program_edit.int_attr(op, "ring_id") is not None]
+        if [op.name() for op in collectives] not in (["pd_op.all_reduce_"], ["pd_op.all_reduce"]) \
+                or not context.rings[bucket.ring].is_world:
+            raise CompileError(f"on GPU pto replaces each bucket's world all-reduce by a reduce-scatter, but bucket "
+                               f"{bucket.index} travels as {', '.join(op.name() for op in collectives)} on ring "
+                               f"{bucket.ring} (hierarchical_allreduce or fp16_allreduce): turn that knob or pto off")
+        _scatter_bucket(context, bucket, owner_of)
+    return "reduce_scatter to the owners (one per bucket)"
+
+
+def _scatter_bucket(context, bucket, owner_of):
+    rank, world = context.topology.rank, context.topology.world_size
+    grads = [context.gradients[i] for i in bucket.members]
+    runs = [[g for g in grads if owner_of[program_edit.key(g.param)] == r] for r in range(world)]
+    lengths = [sum(math.prod(g.grad.shape) for g in run) for run in runs]
+    longest = max(lengths)
+    last = max((g.grad.get_defining_op() for g in grads), key=gradient_buckets.position_in(context.block))
+    with context.edit(after=last) as created:
+        pieces = []
+        for run, length in zip(runs, lengths):
+            pieces += [paddle.reshape(g.grad, [-1]) for g in run]
+            if length < longest:
+                pieces.append(paddle.zeros([longest - length], grads[0].grad.dtype))
+        chunk = paddle._C_ops.reduce_scatter(paddle.concat(pieces), bucket.ring, world)
+        if context.gradient_scale is not None:
+            chunk = paddle._C_ops.scale_(chunk, context.gradient_scale, 0.0, True)
+        mine = runs[rank]
+        if mine:
+            if lengths[rank] < longest:
+                chunk = paddle.slice(chunk, [0], [0], [lengths[rank]])
+            parts = paddle.split(chunk, [math.prod(g.grad.shape) for g in mine]) if len(mine) > 1 else [chunk]
+            reduced = [paddle.reshape(part, g.grad.shape) for part, g in zip(parts, mine)]
+    for grad, value in zip(mine, reduced if mine else []):
+        grad.synced.replace_all_uses_with(value)
+        grad.synced = value
+    for grad in grads:
+        if owner_of[program_edit.key(grad.param)] != rank:
+            grad.synced = None          # this rank neither receives nor updates it
+    program_edit.remove_ops(context.block, bucket.ops)
+    next(op for op in created if op.name() == "pd_op.reduce_scatter").set_int_attr(program_edit.BUCKET, bucket.index)
+    bucket.ops = created
 
 
 def _operand(op, name):

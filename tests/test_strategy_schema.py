@@ -240,7 +240,6 @@ def test_diff_lists_every_difference():
 
 @pytest.mark.parametrize("field, words", [
     ("pipeline", "pipeline parallelism is not data parallel"),
-    ("sharding", "use pto"),
     ("elastic", "fleetrun --max_restarts"),
 ])
 def test_validate_rejects_knobs_outside_data_parallelism(field, words):
