@@ -111,16 +111,20 @@ def protocol_parser(description):
     return parser
 
 
-def measure(contenders, args):
+def measure(contenders, args, facts=None):
     """Start every contender [(name, worker argv, world)], run the interleaved rounds, stop them.
-    Returns ({name: [round medians]}, the foreign CPU share during the rounds)."""
+    Returns ({name: [round medians]}, the foreign CPU share during the rounds). Given a dict
+    `facts`, it also gets {name: [each rank's answer to "info"]} (see worker_loop.serve)."""
     groups = []
     try:
         for name, argv, world in contenders:
             groups.append(WorkerGroup(name, argv, world=world))
         load = LoadCheck([p.pid for g in groups for p in g.processes])
         medians = run_interleaved(groups, args.rounds, args.warmup, args.reps)
-        return medians, load.foreign_share()
+        foreign = load.foreign_share()
+        if facts is not None:
+            facts.update({group.name: [reply["info"] for reply in group.ask({"op": "info"})] for group in groups})
+        return medians, foreign
     finally:
         for group in groups:
             group.close()

@@ -4,8 +4,9 @@ import sys
 import time
 
 
-def serve(step, barrier):
-    """Run `step()` `reps` times per request; each sample starts after `barrier()`.
+def serve(step, barrier, info=None):
+    """Run `step()` `reps` times per request; each sample starts after `barrier()`; an "info"
+    request answers `info()` (facts about the contender, e.g. memory it holds).
 
     A step that returns a float reports its own time in ms (a paired difference, say).
     """
@@ -15,6 +16,8 @@ def serve(step, barrier):
             return
         if request["op"] == "ready":
             reply = {"ok": True}
+        elif request["op"] == "info":
+            reply = {"info": info() if info else None}
         else:
             times = []
             for _ in range(request["reps"]):

@@ -4,7 +4,7 @@ full batch, or the pair must raise a conflict error that names both knobs.
 KNOBS holds one setting per knob of the compiler issue (fusion sizes, rings, hierarchical
 all-reduce, sync_nccl_allreduce, the gradient scale) and of the knobs issue (gradient merge,
 optimizer fusion, op fusion, executor flags, steps per run, cuDNN, AMP, fp16 all-reduce, sync
-batch norm); `test_every_registered_pass_is_turned_on_by_some_knob` fails when a pass is
+batch norm) and of pto; `test_every_registered_pass_is_turned_on_by_some_knob` fails when a pass is
 registered without a setting here. All pairs run in three jobs, each building every pair's
 program in-process (workers/knob_pairs_worker.py): one 2-process job and its 1-process
 oracle, and, for pairs with hierarchical all-reduce (it needs two nodes), one 4-process job as
@@ -43,6 +43,7 @@ KNOBS = {
     "amp": {"amp": True, "amp_configs": AMP_ON_CPU},
     "fp16_allreduce": {"fp16_allreduce": True},
     "sync_batch_norm": {"sync_batch_norm": True},
+    "pto": {"pto": True, "pto_configs": {"allgather_bucket_MB": 0}},
 }
 NEEDS_TWO_NODES = {"hierarchical"}
 TOLERANCE = 1e-5

@@ -1,0 +1,51 @@
+"""Benchmark: pto's Adam step (half the update + the parameter exchange) vs one rank's whole update.
+
+    .venv/bin/python benchmarks/pto.py [--rounds 5] [--json out.json]
+
+Two models: ResNet-50's 161 parameter shapes (25.6M floats) and 2000 small parameters of 256
+floats. Contenders per model, 2 processes over gloo, interleaved in one run (see harness): the
+whole Adam update on one rank (what every rank runs without pto), pto (this rank's half of
+the update + the broadcast of every parameter from its owner), and the exchange alone as pto
+builds it (broadcast) and as all_gather would (parts padded to the largest). A sample is the
+slowest rank's step. pto pays where update_ms_pto < update_ms_one_rank: the crossover is the
+update time per exchanged byte at which that flips, reported as the exchange cost per MiB
+against half the update's cost per MiB.
+"""
+import statistics
+
+from harness import measure, print_table, protocol_parser, publish, summary
+
+MODELS = ("resnet50", "small_params")
+CONTENDERS = ("one_rank", "pto", "exchange_broadcast", "exchange_all_gather")
+
+
+def main():
+    parser = protocol_parser(__doc__.splitlines()[0])
+    parser.set_defaults(rounds=5, reps=3)
+    args = parser.parse_args()
+    facts, rows, ratios = {}, [], {}
+    contenders = [(f"{model}/{name}", ["pto_worker.py", name, model], 2) for model in MODELS for name in CONTENDERS]
+    medians, foreign = measure(contenders, args, facts)
+    for model in MODELS:
+        median = {name: statistics.median(medians[f"{model}/{name}"]) for name in CONTENDERS}
+        for name in CONTENDERS:
+            rows.append({"contender": f"{model}/{name}", **summary(medians[f"{model}/{name}"])})
+        state_unsharded = max(facts[f"{model}/one_rank"])
+        state_per_rank = max(facts[f"{model}/pto"])
+        ratios[model] = {
+            "model": model, "update_ms_one_rank": median["one_rank"], "update_ms_pto": median["pto"],
+            "pto_vs_one_rank": median["pto"] / median["one_rank"],
+            "exchange_ms_broadcast": median["exchange_broadcast"],
+            "exchange_ms_all_gather": median["exchange_all_gather"],
+            "all_gather_vs_broadcast": median["exchange_all_gather"] / median["exchange_broadcast"],
+            "half_update_saved_ms": median["one_rank"] / 2, "pays": median["pto"] < median["one_rank"],
+            "optimizer_state_bytes_per_rank": state_per_rank, "optimizer_state_bytes_unsharded": state_unsharded,
+            "state_per_rank_vs_unsharded": state_per_rank / state_unsharded}
+    print_table(f"Adam step, 2 procs, {args.rounds} rounds; foreign CPU load {foreign:.0%}", rows,
+                [("contender", "contender", "{}"), ("median_ms", "median ms", "{:.1f}"),
+                 ("min_ms", "min", "{:.1f}"), ("max_ms", "max", "{:.1f}")])
+    publish(rows, ratios, foreign, medians, args.json)
+
+
+if __name__ == "__main__":
+    main()
