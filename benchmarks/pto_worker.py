@@ -22,7 +22,7 @@ import numpy as np
 from worker_loop import serve
 
 SHAPES = [tuple(s) for s in json.loads((Path(__file__).parent / "resnet50_shapes.json").read_text())["shapes"]]
-MODELS = {"resnet50": SHAPES, "small_params": [(256,)] * 2000}
+MODELS = {"resnet50": SHAPES, "small_params": [(256,)] * 400}
 BUCKET_MB = 32
 
 

@@ -32,3 +32,15 @@ def test_data_loading_driver_runs_its_contenders_and_reports_ratios(tmp_path):
     report = json.loads(out.read_text())
     assert len(report["rows"]) == 8 and all(row["median_ms"] > 0 for row in report["rows"])
     assert {"sampler_fleetlite_vs_paddle", "records_shard_of_2_vs_whole"} <= set(report["ratios"])
+
+
+def test_pto_driver_runs_its_contenders_and_reports_update_times_and_state_bytes(tmp_path):
+    out = tmp_path / "pto.json"
+    result = subprocess.run(
+        [sys.executable, "pto.py", "--models", "small_params", "--rounds", "1", "--warmup", "0", "--reps", "1",
+         "--json", str(out)], cwd=BENCHMARKS, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    ratios = json.loads(out.read_text())["ratios"]["small_params"]
+    assert ratios["update_ms_one_rank"] > 0 and ratios["update_ms_pto"] > 0
+    assert 0 < ratios["optimizer_state_bytes_per_rank"] < ratios["optimizer_state_bytes_unsharded"]
+    assert ratios["model"] == "small_params"
