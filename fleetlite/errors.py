@@ -57,7 +57,8 @@ class FieldTypeError(StrategyError, TypeError):
 
     def __init__(self, field, value, expected):
         super().__init__(
-            f"strategy field '{field}' expects {expected}, got {type(value).__name__} {shown(value)}",
+            f"strategy field '{field}' expects {expected}, got "
+            + ("nothing (null)" if value is None else f"{type(value).__name__} {shown(value)}"),
             field=field, value=value, fix=f"set it to {expected}")
 
 

@@ -95,8 +95,8 @@ def load(path, kind=None, allow_empty=True):
 
 
 def _no_fields(path):
-    return StrategyFileError(path, "no strategy fields: the file is empty or holds only comments; write the fields "
-                                   "you meant ({} in YAML for all defaults), or pass --allow-empty")
+    return StrategyFileError(path, "no strategy fields: the file is empty, holds only comments or is null; write "
+                                   "the fields you meant ({} in YAML for all defaults), or pass --allow-empty")
 
 
 def save(message, path, kind=None):
@@ -169,27 +169,28 @@ def _prototxt_problem(exc, text):
     repeated = _REPEATED.search(detail)
     if repeated and field:
         first = next(line for line, _, other in positions if other == field)
-        return (f"strategy field '{field}' is set twice (lines {first} and {before[-1][0]}): a field that is not "
-                f"a list takes one value; delete one")
+        return (f"strategy field '{field}' is set twice ({strategy_yaml.both_lines(first, before[-1][0])}): a field "
+                f"that is not a list takes one value; delete one")
     if "does not have extensions" in detail:
         return "bracketed [extension] names are not strategy fields; remove them"
     value = _BAD_VALUE.search(detail)
-    if value and field:
+    number = _number(value.group(1)) if value else None
+    if number is not None and field:
         try:
-            schema.check_value(strategy_pb2.DistributedStrategy.DESCRIPTOR, field, _literal(value.group(1)))
+            schema.check_value(strategy_pb2.DistributedStrategy.DESCRIPTOR, field, number)
         except StrategyError as error:
             return str(error)
     return f"malformed prototxt{f' at strategy field {field!r}' if field else ''}: {detail}"
 
 
-def _literal(text):
-    """A prototxt value as the Python value it spells (int, float, else the text)."""
+def _number(text):
+    """The int or float a prototxt value spells, or None."""
     for convert in (lambda t: int(t, 0), float):
         try:
             return convert(text)
         except ValueError:
             continue
-    return text
+    return None
 
 
 def _field_positions(text):
@@ -237,7 +238,7 @@ def parse_yaml(text, path="<yaml>", allow_empty=True):
 
 
 _YAML_HINTS = (
-    ("'\\t'", "indent with spaces, not tabs"),
+    ("'\\t'", "replace the tab with spaces (YAML indents with spaces only)"),
     ("single document", "a strategy file is one document: remove the second '---'"),
     ("constructor for the tag", "tags that build objects are refused: write plain values"),
 )

@@ -99,6 +99,11 @@ for _tag, _pattern, _first in (
     StrategyLoader.add_implicit_resolver(_tag, re.compile(f"^(?:{_pattern})$"), list(_first))
 
 
+def both_lines(first, second):
+    """'lines 3 and 7', or 'both on line 3' (for errors about a field given twice)."""
+    return f"lines {first} and {second}" if first != second else f"both on line {first}"
+
+
 def _too_deep(mark):
     return StrategyYamlError(f"values nested more than {MAX_DEPTH} levels deep; a strategy nests at most 4 "
                              f"(field, section, list, item)", mark)
@@ -150,9 +155,8 @@ def field_lines(node, path=""):
         line = key.start_mark.line + 1
         identity = (key.tag, key.value) if isinstance(key, yaml.ScalarNode) else id(key)
         if identity in seen:
-            raise StrategyYamlError(f"strategy field '{key_path}' is set twice (lines {seen[identity]} and "
-                                    f"{line}): YAML would silently keep only the last value; delete one",
-                                    key.start_mark)
+            raise StrategyYamlError(f"strategy field '{key_path}' is set twice ({both_lines(seen[identity], line)}): "
+                                    f"YAML would silently keep only the last value; delete one", key.start_mark)
         seen[identity] = line
         lines[key_path] = line
         lines.update(field_lines(value, key_path))
