@@ -139,14 +139,14 @@ def _prototxt_line(text, field):
     return next((line for line, _, name in _field_positions(text) if name == field), None)
 
 
-def in_file(path, error, kind=None):
+def in_file(path, error):
     """`error`, found in the strategy loaded from `path` (a rule across fields), as a
     StrategyFileError at the line of the field it names."""
     field = getattr(error, "field", None)
     line = None
     if field:
         text = _read_text(path)
-        if (kind or file_format(path)) == "yaml":
+        if file_format(path) == "yaml":
             line = strategy_yaml.parse(text)[1].get(field)
         else:
             line = _prototxt_line(text, field)
@@ -196,8 +196,9 @@ def _number(text):
 def _field_positions(text):
     """[(line, column, dotted field)] for every field name in prototxt text, in order (1-based).
 
-    Uses protobuf's own tokenizer, so strings and comments never look like fields; stops quietly
-    where the text stops being prototxt (the parser reports that).
+    Uses protobuf's own tokenizer, so strings and comments never look like fields (its position is
+    only exposed as `_line`/`_column`); stops quietly where the text stops being prototxt (the
+    parser reports that).
     """
     tokenizer = text_format.Tokenizer(text.split("\n"))
     positions, sections, last = [], [], None
