@@ -4,9 +4,9 @@ hands to fleetlite.
 - Scalars follow the YAML 1.2 core schema: only true/false are booleans (`yes`, `on`, `no` stay
   strings, so a bool field given one is a type error and an op named `on` keeps its name), `1e-4`
   is a number, and `010` is ten (not PyYAML's octal 8).
-- Bounded: nesting deeper than MAX_DEPTH, an alias inside the node it names (a cycle), and
-  aliases that expand past MAX_VALUES values (the "billion laughs") are errors, never a
-  RecursionError or exhausted memory. Tags outside the safe schema (`!!python/object`) are
+- Bounded: nesting deeper than MAX_DEPTH, an alias inside the node it names (a cycle), and more
+  than MAX_VALUES values once aliases are expanded (a flood, or the "billion laughs") are errors
+  raised as soon as they are seen, never a RecursionError, exhausted memory or minutes of parsing. Tags outside the safe schema (`!!python/object`) are
   refused by the safe constructor.
 - Lossless: a key given twice in one mapping is an error; PyYAML would keep the last value and
   drop the user's first without a word.
@@ -19,7 +19,7 @@ from fleetlite import schema
 from fleetlite.errors import shown
 
 MAX_DEPTH = 16        # a strategy nests 4 levels (field, section, list, item); 16 is generous
-MAX_VALUES = 100_000  # values after expanding aliases; a real strategy has a few hundred
+MAX_VALUES = 10_000   # values after expanding aliases; a real strategy has a few hundred
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _NULL_TAG = "tag:yaml.org,2002:null"
@@ -40,7 +40,9 @@ class StrategyLoader(yaml.SafeLoader):
     def __init__(self, stream):
         super().__init__(stream)
         self._depth = 0
-        self._extent = {}   # id(node) -> (height, values), counting every alias expansion
+        self._height = {}   # id(node) -> levels below it, counting through aliases
+        self._values = {}   # id(node) -> values in it once every alias is expanded
+        self._total = 0     # the document's values so far, so a flood stops as it starts
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
@@ -49,7 +51,9 @@ class StrategyLoader(yaml.SafeLoader):
             if target is not None and target.end_mark is None:
                 raise StrategyYamlError(f"alias *{event.anchor} is inside the value it names, a cycle "
                                         f"that never ends; copy the values instead", event.start_mark)
-            return super().compose_node(parent, index)
+            node = super().compose_node(parent, index)
+            self._count(self._values[id(node)], event.start_mark)
+            return node
         if self._depth > MAX_DEPTH:
             raise _too_deep(self.peek_event().start_mark)
         self._depth += 1
@@ -57,19 +61,20 @@ class StrategyLoader(yaml.SafeLoader):
             node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
-        self._measure(node)
+        children = _children(node)
+        self._height[id(node)] = 1 + max((self._height[id(c)] for c in children), default=-1)
+        self._values[id(node)] = 1 + sum(self._values[id(c)] for c in children)
+        if self._height[id(node)] > MAX_DEPTH:
+            raise _too_deep(node.start_mark)
+        self._count(1, node.start_mark)
         return node
 
-    def _measure(self, node):
-        children = _children(node)
-        height = 1 + max((self._extent[id(c)][0] for c in children), default=-1)
-        values = 1 + sum(self._extent[id(c)][1] for c in children)
-        if height > MAX_DEPTH:
-            raise _too_deep(node.start_mark)
-        if values > MAX_VALUES:
-            raise StrategyYamlError(f"expands to more than {MAX_VALUES} values (aliases repeat what they "
-                                    f"name); a strategy needs a few hundred: write them out", node.start_mark)
-        self._extent[id(node)] = (height, values)
+    def _count(self, values, mark):
+        """Add the values one node of the text stands for (an alias: all it names)."""
+        self._total += values
+        if self._total > MAX_VALUES:
+            raise StrategyYamlError(f"holds more than {MAX_VALUES} values, counting each alias expansion; a "
+                                    f"strategy needs a few hundred: write them out", mark)
 
     def construct_object(self, node, deep=False):
         """Build one value; a scalar its tag cannot read (`!!int abc`) is a YAML error at its line."""
