@@ -84,7 +84,7 @@ class StrategyFileError(FleetliteError):
         self.path, self.line = path, line
         name = str(path) if str(path).isprintable() else ascii(str(path))
         where = f"{name}:{line}" if line is not None else name
-        super().__init__(f"{where}: " + re.sub(r"\s*\n\s*", " ", str(message)))
+        super().__init__(f"{where}: " + re.sub(r"\s*[\r\n]\s*", " ", str(message)))
 
 
 class TopologyError(FleetliteError):
