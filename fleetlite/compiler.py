@@ -47,13 +47,7 @@ def compile(program, params_grads, strategy, topology, registry=REGISTRY, loss=N
     builds the optimizer update; compile calls it before the UPDATE_REWRITE passes.
     """
     strategy.validate(topology)
-    passes = [cls(strategy) for cls in registry]
-    enabled = [p for p in passes if p.enabled()]
-    check_combination(enabled)
-    unclaimed = unclaimed_knobs(strategy, {field for p in passes for field in p.reads})
-    if strategy.strict and unclaimed:
-        knob, reason = unclaimed[0]
-        raise CompileError(f"strict: {knob} was requested but {reason}; remove it or set strict: false")
+    passes, enabled, unclaimed = check_knobs(strategy, registry)
     context = CompileContext(program, strategy, topology, [])
     context.loss = loss
     ordered = order_passes(enabled)
@@ -130,6 +124,22 @@ def gradients_in_ready_order(program, params_grads):
     pairs = [(p, g) for p, g in params_grads if g is not None]
     pairs.sort(key=lambda pg: (position[pg[1].get_defining_op().id()], pg[1].index()))
     return [GradientSync(p.name, p, g, g) for p, g in pairs]
+
+
+def check_knobs(strategy, registry=REGISTRY):
+    """What compile rejects knowing only the strategy, before any program exists: a pass whose
+    requirement is off, two enabled passes that conflict, and (under strict) a knob no pass reads.
+
+    Returns (passes, enabled passes, [(knob, reason)] for the knobs compile will skip).
+    """
+    passes = [cls(strategy) for cls in registry]
+    enabled = [p for p in passes if p.enabled()]
+    check_combination(enabled)
+    unclaimed = unclaimed_knobs(strategy, {field for p in passes for field in p.reads})
+    if strategy.strict and unclaimed:
+        knob, reason = unclaimed[0]
+        raise CompileError(f"strict: {knob} was requested but {reason}; remove it or set strict: false")
+    return passes, enabled, unclaimed
 
 
 def check_combination(enabled):

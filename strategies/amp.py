@@ -84,6 +84,10 @@ def check_amp_configs(strategy, topology):
     if not strategy.amp:
         return
     configs = strategy.amp_configs
+    if configs.use_optimizer_fp16:
+        raise StrategyConflictError("amp_configs.use_optimizer_fp16 is not implemented: optimizer state stays "
+                                    "float32 next to the float32 master parameters",
+                                    field="amp_configs.use_optimizer_fp16", value=True, fix="set it to false")
     if configs.use_pure_fp16 and configs.use_pure_bf16:
         raise StrategyConflictError("amp_configs.use_pure_fp16 and use_pure_bf16 ask for two O2 dtypes",
                                     field="amp_configs.use_pure_bf16", value=True,
@@ -120,9 +124,6 @@ class Amp(Pass):
 
     def apply(self, context):
         configs = self.strategy.amp_configs
-        if configs.use_optimizer_fp16:
-            raise CompileError("amp_configs.use_optimizer_fp16 is not implemented: optimizer state stays "
-                               "float32 next to the float32 master parameters; set it to false")
         dtype, amp_level = low_dtype(configs), level(configs)
         ops = list(context.block.ops)
         low_ops, casts = mixed_precision.cast_forward(context, ops, getattr(paddle, dtype),

@@ -162,8 +162,8 @@ def test_contradictory_configs_are_errors(configs, message):
 
 
 def test_optimizer_state_in_float16_is_refused_not_ignored():
-    with pytest.raises(CompileError, match="use_optimizer_fp16 is not implemented"):
-        compile_amp(dtype="bfloat16", use_optimizer_fp16=True)
+    with pytest.raises(StrategyConflictError, match="use_optimizer_fp16 is not implemented"):
+        amp_strategy(dtype="bfloat16", use_optimizer_fp16=True).validate()
 
 
 def test_a_program_that_already_has_backward_cannot_be_cast():

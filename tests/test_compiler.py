@@ -103,10 +103,10 @@ def test_conflicting_knobs_name_both_fields_the_reason_and_the_fix():
 
 def test_a_no_op_is_skipped_with_its_reason_and_so_are_passes_that_need_it():
     registry = [on_when_set("lamb", applicable=lambda self, topology, program: "not on this topology"),
-                on_when_set("lars", requires=("lamb",))]
-    _, report = compile_with(registry, lamb=True, lars=True)
+                on_when_set("recompute", requires=("lamb",))]
+    _, report = compile_with(registry, lamb=True, recompute=True)
     assert (report.record("lamb").status, report.record("lamb").reason) == ("skipped", "not on this topology")
-    assert report.record("lars").reason == "needs lamb, which was skipped (not on this topology)"
+    assert report.record("recompute").reason == "needs lamb, which was skipped (not on this topology)"
 
 
 def test_strict_turns_a_requested_skip_into_an_error():
