@@ -11,6 +11,13 @@ optimizer updates.
 Which ops run low is the caller's decision (`cast_forward(..., runs_low)`); what can be
 retyped is decided here: ops that set their own dtype (`cast`, `full`, ...), builtin and
 control-flow ops, and ops with non-tensor float results are left as they are.
+
+bfloat16 on CPU runs on oneDNN kernels, and Paddle 3.3.1's `MatmulGradKernel<bfloat16>`
+(paddle/phi/kernels/onednn/matmul_grad_kernel.cc) writes both gradients without checking that
+backward asked for them: a bfloat16 matmul whose operand needs no gradient (the input batch, a
+frozen weight) gets a null output and the process dies with SIGSEGV in `DenseTensor::operator=`.
+`ask_for_matmul_gradients` routes around it before backward; `unrequested_matmul_gradients`
+finds any case left after it (e.g. an operand in the user's no_grad_set).
 """
 import contextlib
 
@@ -84,6 +91,27 @@ def cast_forward(context, ops, low_dtype, runs_low):
                 if is_low(operand.source()):
                     operand.set_source(cast(op, operand.source(), FLOAT32, to_float32))
     return low_ops, casts
+
+
+def ask_for_matmul_gradients(low_ops):
+    """Mark every operand of the low matmuls in `low_ops` as needing a gradient, so backward
+    builds each matmul_grad with both outputs (one extra matmul for an operand that needs none;
+    its producer is off the path from the parameters, so nothing further is differentiated).
+    Returns how many operands were marked."""
+    marked = 0
+    for op in low_ops:
+        if name_of(op) == "matmul":
+            for source in float_operands(op):
+                if source.stop_gradient:
+                    source.stop_gradient = False
+                    marked += 1
+    return marked
+
+
+def unrequested_matmul_gradients(block, low_dtype):
+    """The `matmul_grad` ops of `block` in `low_dtype` that lack a gradient output."""
+    return [op for op in block.ops if op.name() == "pd_op.matmul_grad" and _dtype(op.operand_source(2)) == low_dtype
+            and not all(result.initialized() for result in op.results())]
 
 
 def _dtype(value):
