@@ -16,8 +16,9 @@ casts, so backward differentiates them and parameters stay the float32 master co
   the loss computation (`loss_computation`: the ops after the last one that reads a parameter,
   e.g. cross_entropy and mean), so the loss the user fetches keeps its dtype and its gradient
   starts in float32 (Paddle has no bfloat16 cross_entropy_with_softmax_grad on CPU).
-- bfloat16 on CPU: every low matmul is asked for both gradients (mixed_precision explains the
-  oneDNN crash this avoids), and compile refuses a program whose backward still lacks one.
+- bfloat16 on CPU: every low matmul (and prelu) is asked for all its gradients (mixed_precision
+  explains the oneDNN crash this avoids), and compile refuses a program whose backward still
+  lacks one.
 With float16, the pass creates the loss scale (persistable, init_loss_scaling) and backward
 differentiates loss x scale, so small gradients do not flush to zero in float16. bfloat16 has
 float32's exponent range and is not scaled (as in Paddle).
@@ -134,7 +135,7 @@ class Amp(Pass):
         details = {"dtype": dtype, "level": amp_level, "casts": casts,
                    "low_ops": dict(collections.Counter(mixed_precision.name_of(op) for op in low_ops))}
         if on_onednn(dtype, context.topology):
-            details["matmul_operands_asked_for_gradients"] = mixed_precision.ask_for_matmul_gradients(low_ops)
+            details["operands_asked_for_gradients"] = mixed_precision.ask_for_every_gradient(low_ops)
         summary = f"{amp_level} {dtype}: {len(low_ops)} ops in {dtype}, {casts} casts"
         if scales_loss(configs):
             context.loss_scaling = self._scale_loss(context, configs)
@@ -146,13 +147,14 @@ class Amp(Pass):
         dtype = low_dtype(self.strategy.amp_configs)
         if not on_onednn(dtype, context.topology):
             return
-        missing = mixed_precision.unrequested_matmul_gradients(context.block, getattr(paddle, dtype))
+        missing = mixed_precision.missing_gradients(context.block, getattr(paddle, dtype))
         if missing:
+            names = ", ".join(sorted({op.name().replace("pd_op.", "") for op in missing}))
             raise CompileError(
-                f"{len(missing)} bfloat16 matmul_grad op(s) lack a gradient output (an operand in no_grad_set?): "
-                f"Paddle 3.3.1's oneDNN MatmulGradKernel<bfloat16> writes through it and crashes the process "
-                f"(SIGSEGV); keep those matmuls in float32 (amp_configs.custom_black_list: [matmul], or "
-                f"custom_black_varnames with their inputs), or leave their operands out of no_grad_set")
+                f"{len(missing)} bfloat16 {names} op(s) lack a gradient output (an operand in no_grad_set?): "
+                f"Paddle 3.3.1's oneDNN bfloat16 gradient kernel writes through it and crashes the process "
+                f"(SIGSEGV); keep those ops in float32 (amp_configs.custom_black_list, or custom_black_varnames "
+                f"with their inputs), or leave their operands out of no_grad_set")
 
     @staticmethod
     def _precision_rule(configs, ops, loss):

@@ -61,16 +61,18 @@ def guarded_mlp(strategy, topology):
     return main, startup, loss, report
 
 
-def classifier(strategy, reduction="mean", no_grad_input=False):
+def classifier(strategy, reduction="mean", no_grad_input=False, prelu=False):
     """The digits MLP on reshaped input with cross_entropy(logits, y, reduction).mean() as its loss,
-    compiled for CPU_2; with no_grad_input, the reshaped input is in minimize's no_grad_set."""
+    compiled for CPU_2; with no_grad_input, the reshaped input is in minimize's no_grad_set; with
+    prelu, a PReLU reads the reshaped input first."""
     paddle.enable_static()
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
         x = paddle.static.data("x", [8, 8, 8], "float32")
         y = paddle.static.data("y", [8, 1], "int64")
         flat = paddle.reshape(x, [8, 64])
-        loss = paddle.nn.functional.cross_entropy(Mlp()(flat), y, reduction=reduction).mean()
+        features = paddle.nn.PReLU()(flat) if prelu else flat
+        loss = paddle.nn.functional.cross_entropy(Mlp()(features), y, reduction=reduction).mean()
         built = training_program.build(loss, paddle.optimizer.SGD(0.1), strategy, CPU_2, startup,
                                        no_grad_set=[flat] if no_grad_input else None)
     return main, built.report
@@ -167,16 +169,23 @@ def test_on_cpu_every_bfloat16_matmul_is_asked_for_both_gradients(configs):
     main, report = compile_amp(**configs)
     grads = [op for op in main.global_block().ops if op.name() == "pd_op.matmul_grad"]
     assert len(grads) == 2 and all(result.initialized() for op in grads for result in op.results())
-    assert report.record("amp").details["matmul_operands_asked_for_gradients"] == 1      # the cast input batch
+    assert report.record("amp").details["operands_asked_for_gradients"] == 1      # the input batch
     main, report = compile_amp(GPU_32, dtype="bfloat16")                                  # cuBLAS checks: nothing asked
-    assert "matmul_operands_asked_for_gradients" not in report.record("amp").details
+    assert "operands_asked_for_gradients" not in report.record("amp").details
     assert not all(result.initialized() for op in main.global_block().ops if op.name() == "pd_op.matmul_grad"
                    for result in op.results())
 
 
+def test_on_cpu_a_bfloat16_prelu_on_the_input_batch_is_asked_for_both_gradients():
+    main, report = classifier(amp_strategy(use_pure_bf16=True, use_fp16_guard=False), prelu=True)
+    (grad,) = [op for op in main.global_block().ops if op.name() == "pd_op.prelu_grad"]
+    assert str(grad.result(0).dtype) == "paddle.bfloat16" and all(r.initialized() for r in grad.results())
+    assert report.record("amp").details["operands_asked_for_gradients"] == 1      # the reshaped batch
+
+
 def test_a_bfloat16_matmul_whose_operand_is_kept_out_of_backward_is_refused_on_cpu():
     with pytest.raises(CompileError, match=r"1 bfloat16 matmul_grad op\(s\) lack a gradient output .* oneDNN "
-                                           r"MatmulGradKernel<bfloat16> .*\(amp_configs.custom_black_list: \[matmul\]"):
+                                           r"bfloat16 gradient kernel .*\(amp_configs.custom_black_list"):
         classifier(amp_strategy(use_pure_bf16=True, use_fp16_guard=False), no_grad_input=True)
 
 
