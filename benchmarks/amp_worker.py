@@ -1,5 +1,5 @@
 """One process of an AMP contender: a conv net or the step benchmark's MLP, trained by fleetlite in
-float32 or with bfloat16 O1 AMP, 10 steps per sample.
+float32 or with bfloat16 O1 AMP, 20 steps per sample (step_worker.fleetlite_static).
 
     python amp_worker.py MODEL PRECISION BATCH     (started by amp_bf16.py; MODEL: convnet | mlp)
 """
@@ -7,11 +7,11 @@ import sys
 
 import numpy as np
 
-from step_worker import SIZES, data, mlp
+from step_worker import fleetlite_static
 from worker_loop import serve
 
-STEPS = 10
 IMAGE = (3, 32, 32)
+PRECISIONS = {"fp32": {}, "bf16_o1": {"amp": True, "amp_configs": {"dtype": "bfloat16"}}}
 
 
 def convnet(nn):
@@ -27,30 +27,9 @@ def images(batch):
 
 
 def contender(model, precision, batch):
-    import paddle
-    import fleetlite as fleet
-    paddle.enable_static()
-    paddle.base.core.set_num_threads(1)
-    fleet.init(is_collective=True)
-    strategy = fleet.DistributedStrategy()
-    if precision == "bf16_o1":
-        strategy.amp = True
-        strategy.amp_configs = {"dtype": "bfloat16"}
-    shape, build, feed = ((SIZES[0],), mlp, data) if model == "mlp" else (IMAGE, convnet, images)
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.static.program_guard(main, startup):
-        x = paddle.static.data("x", [None, *shape], "float32")
-        y = paddle.static.data("y", [None, 1], "int64")
-        loss = paddle.nn.functional.cross_entropy(build(paddle.nn)(x), y)
-        fleet.distributed_optimizer(paddle.optimizer.SGD(0.01), strategy).minimize(loss)
-    exe = paddle.static.Executor(paddle.CPUPlace())
-    exe.run(startup)
-    xs, ys = feed(batch)
-
-    def step():
-        for _ in range(STEPS):
-            exe.run(main, feed={"x": xs, "y": ys}, fetch_list=[loss])
-    return step, lambda: None
+    if model == "mlp":
+        return fleetlite_static(batch, **PRECISIONS[precision])
+    return fleetlite_static(batch, convnet, IMAGE, images, **PRECISIONS[precision])
 
 
 if __name__ == "__main__":
