@@ -245,7 +245,8 @@ def on_onednn(dtype, topology):
 def loss_computation(loss):
     """Ids of the ops that turn the model's output into the loss: the op that computes `loss` and,
     walking back from it, every op up to (not including) the ones that read a parameter."""
-    found, todo = set(), [loss.get_defining_op()]
+    last = loss.get_defining_op()
+    found, todo = {last.id()}, [source.get_defining_op() for source in last.operands_source()]
     while todo:
         op = todo.pop()
         if op is None or op.id() in found or _reads_parameter(op):
