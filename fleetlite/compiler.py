@@ -19,8 +19,9 @@ A failure inside a pass is re-raised as "in pass X (after A, B)".
 FORWARD_REWRITE passes (AMP's casts) must see the forward before backward exists, so that
 backward differentiates what they built. `training_program.build` therefore hands compile the
 loss and a `backward` function instead of gradients: the forward passes run, then backward (of
-the loss they leave, e.g. AMP's scaled loss), then the rest. Given gradients, the forward passes
-are skipped with that reason.
+the loss they leave, e.g. AMP's scaled loss), then each applied forward pass checks the backward
+built from its rewrite (`Pass.check_backward`), then the rest. Given gradients, the forward
+passes are skipped with that reason.
 
 UPDATE_REWRITE passes (gradient merge's conditional branch, merged_adam_) rewrite the optimizer
 update, so they need it built: given an `update` function (the inner optimizer's
@@ -57,6 +58,8 @@ def compile(program, params_grads, strategy, topology, registry=REGISTRY, loss=N
     report.records = _run_passes(forward, context, state)
     if backward is not None:
         params_grads = _differentiate(backward, context, state.done)
+        for applied in (p for p in forward if p.name in state.done):
+            applied.check_backward(context)
     context.gradients = gradients_in_ready_order(program, params_grads)
     rest = ordered[len(forward):]
     before_update = [p for p in rest if p.phase < Phase.UPDATE_REWRITE]
