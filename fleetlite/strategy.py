@@ -7,7 +7,7 @@ and ranges name the allowed values), sections are live views, and loads replace 
 """
 import functools
 
-from fleetlite import schema, strategy_files
+from fleetlite import knob_accounting, schema, strategy_files
 from fleetlite.errors import StrategyConflictError
 from fleetlite.proto import strategy_pb2
 
@@ -75,9 +75,9 @@ class DistributedStrategy:
         strategy_files.save(self._proto, path)
 
     @classmethod
-    def load(cls, path):
-        """A strategy from a .yaml/.yml or .prototxt file."""
-        return cls(strategy_files.load(path))
+    def load(cls, path, allow_empty=True):
+        """A strategy from a .yaml/.yml or .prototxt file (allow_empty=False: one setting no field is an error)."""
+        return cls(strategy_files.load(path, allow_empty=allow_empty))
 
     # --- inspection -----------------------------------------------------------------------
     def to_dict(self, present_only=True):
@@ -123,6 +123,8 @@ class DistributedStrategy:
             if getattr(self._proto, field):
                 raise StrategyConflictError(f"'{field}' is set but {reason}", field=field,
                                             value=True, fix=f"set {field}: false")
+        knob_accounting.check_conflicting_knobs(self)
+        _load_pass_checks()
         for check in _CROSS_FIELD_CHECKS:
             check(self, topology)
         return self
@@ -132,6 +134,15 @@ class DistributedStrategy:
 def _schema_defaults():
     """{dotted field: default} of the schema (fixed for the process; compile asks often)."""
     return schema.flatten(schema.to_dict(strategy_pb2.DistributedStrategy(), False))
+
+
+def _load_pass_checks():
+    """Import the pass registry: its modules register their cross-field checks at import, and
+    validate() must run them even where nothing has compiled yet (`fleetlite strategy validate`).
+    Imports Paddle, so only once the fields themselves are good (and without its ccache warning)."""
+    from fleetlite import paddle_noise
+    with paddle_noise.importing_paddle():
+        import fleetlite.strategies  # noqa: F401
 
 
 def BuildStrategy():

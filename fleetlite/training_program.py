@@ -15,7 +15,7 @@ from typing import Any, List
 import paddle
 from paddle.base.framework import pir_op_role_guard
 
-from fleetlite import compiler, gradient_clip, program_edit
+from fleetlite import compiler, gradient_clip, paddle_noise, program_edit
 from fleetlite.compile_report import CompileReport
 
 BROADCAST = "broadcast_parameters"
@@ -34,7 +34,7 @@ def build(loss, optimizer, strategy, topology, startup_program=None, parameter_l
     program_edit.tag_untagged_roles(main.global_block(), program_edit.FORWARD)
 
     def backward(differentiated_loss):
-        with pir_op_role_guard(program_edit.BACKWARD):
+        with pir_op_role_guard(program_edit.BACKWARD), paddle_noise.differentiating():
             return optimizer.backward(differentiated_loss, startup, parameter_list, no_grad_set)
 
     def update(reduced, found_inf):
