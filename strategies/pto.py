@@ -178,19 +178,26 @@ class Pto(Pass):
                    "state_bytes_per_rank": per_rank, "state_bytes_unsharded": sum(per_rank),
                    "collective": "broadcast_", "exchange_buckets": len(buckets),
                    "gradient_communication": gradient_communication,
-                   "state_owners": {v: o for n, o in zip(names, owners) for v in state[n]}, "dead_ops_removed": removed, "startup_inits_removed": uninitialised}
-        parts = ", ".join(f"rank {r}: {sum(o == r for o in owners)} ({human_bytes(param_bytes[r])})" for r in range(world))
-        summary = (f"{len(updates)} updates in {world} parts by {how} ({parts}); this rank keeps {len(updates) - len(others)}"
-                   f" and {human_bytes(per_rank[rank])} of {human_bytes(sum(per_rank))} optimizer state; "
-                   f"{len(buckets)} broadcast_ from the owners; gradients: {gradient_communication}")
+                   "state_owners": {v: o for n, o in zip(names, owners) for v in state[n]},
+                   "dead_ops_removed": removed, "startup_inits_removed": uninitialised}
+        summary = (f"{len(updates)} updates in {world} parts by {how} ({_parts(owners, param_bytes)}); this rank keeps "
+                   f"{len(updates) - len(others)} and {human_bytes(per_rank[rank])} of {human_bytes(sum(per_rank))} "
+                   f"optimizer state; {len(buckets)} broadcast_ from the owners; gradients: {gradient_communication}")
         return PassResult(summary, details)
+
+
+def _parts(owners, param_bytes):
+    """Each rank's parameter count and bytes; for more than 4 ranks, the range."""
+    if len(param_bytes) <= 4:
+        return ", ".join(f"rank {r}: {owners.count(r)} ({human_bytes(b)})" for r, b in enumerate(param_bytes))
+    return f"{human_bytes(min(param_bytes))} to {human_bytes(max(param_bytes))} of parameters per rank"
 
 
 def reduce_scatter_to_owners(context, owner_of):
     """GPU: each bucket's world all-reduce becomes one reduce_scatter whose chunk r holds the
     bucket's gradients that rank r owns (each owner's run padded to the longest), so a rank
     receives only the sums it updates. Returns the report's line."""
-    rank, world = context.topology.rank, context.topology.world_size
+    rank = context.topology.rank
     for grad in context.gradients:
         readers = [] if owner_of[program_edit.key(grad.param)] == rank else list(grad.synced.all_used_ops())
         if readers:
