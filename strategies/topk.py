@@ -159,12 +159,14 @@ class _Exchange:
             acc = grad.grad if residual is None else paddle.add(grad.grad, residual)
             flat = acc if len(shape) == 1 else paddle.reshape(acc, [-1])
             if self.step is None:
-                reduced, unsent = self._sparse(flat, numel, k, grad.name)
+                outputs = self._sparse(flat, numel, k, grad.name)
             else:
                 warm = self.step < float(self.configs.warmup_steps)
-                reduced, unsent = paddle.static.nn.cond(warm, lambda: self._dense(flat, numel, k),
-                                                        lambda: self._sparse(flat, numel, k, grad.name))
+                outputs = paddle.static.nn.cond(warm, lambda: self._dense(flat, numel, k),
+                                                lambda: self._sparse(flat, numel, k, grad.name))
+            reduced = outputs[0]
             if residual is not None:
+                unsent = outputs[1]
                 paddle.assign(unsent if len(shape) == 1 else paddle.reshape(unsent, shape), output=residual)
             grad.synced = reduced if len(shape) == 1 else paddle.reshape(reduced, shape)
         value_bytes = 2 if self.fp16_wire else grad.grad.element_size()
@@ -180,9 +182,10 @@ class _Exchange:
             gathered = paddle.cast(gathered, flat.dtype)
         summed = paddle.scatter_nd_add(paddle.zeros([numel], flat.dtype), paddle.reshape(positions, [-1, 1]),
                                        gathered)
+        if not self.configs.error_feedback:
+            return [self._scaled(summed)]
         sent = paddle.cast(wire, flat.dtype) if self.fp16_wire else values
-        unsent = paddle.scatter(flat, indices, values - sent, overwrite=True)
-        return self._scaled(summed), unsent
+        return [self._scaled(summed), paddle.scatter(flat, indices, values - sent, overwrite=True)]
 
     def _dense(self, flat, numel, k):
         """Warm-up: an all-reduce of acc masked to its largest fraction d(step) (module doc)."""
@@ -195,7 +198,9 @@ class _Exchange:
         kept = paddle.abs(flat) >= threshold
         zeros = paddle.zeros_like(flat)
         summed = paddle._C_ops.all_reduce(paddle.where(kept, flat, zeros), 0, gradient_buckets.SUM)
-        return self._scaled(summed), paddle.where(kept, zeros, flat)
+        if not self.configs.error_feedback:
+            return [self._scaled(summed)]
+        return [self._scaled(summed), paddle.where(kept, zeros, flat)]
 
     def _scaled(self, summed):
         scale = self.context.gradient_scale
