@@ -24,6 +24,7 @@ import statistics
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("GLOG_minloglevel", "2")
 
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402

@@ -12,10 +12,10 @@ instead of sorting. A bisection over the whole tensor costs a full pass per iter
 slower than numpy.argpartition), so here it runs on a strided sample:
 1. sample: every s-th element (s prime, so the rows of a weight matrix do not alias with it),
    with s chosen so that about SAMPLE_HITS of the true top-k fall into the sample;
-2. bisection on the sample (`iterations` steps): the largest threshold that still leaves
-   `target` sample elements at or above it, `target` being the expected top-k hits plus
-   MARGIN_SIGMAS standard deviations, so the full tensor has at least k elements above it
-   except with vanishing probability;
+2. the bisection's result on the sample after `iterations` steps (computed in closed form, see
+   `sampled_threshold`): a threshold that leaves at least `target` sample elements at or above
+   it, `target` being the expected top-k hits plus MARGIN_SIGMAS standard deviations, so the
+   full tensor has at least k elements above it except with vanishing probability;
 3. one masked pass over x, in chunks of CHUNK elements: trunc(x / threshold) != 0 marks
    |x| >= threshold (and every inf or NaN), and nonzero() lists them (about 1.3 k survivors);
    chunks keep each temporary small enough that the allocator reuses it (a fresh tensor the
@@ -108,25 +108,29 @@ def _mstopk(flat, n, k, iterations, name):
 
 
 def sampled_threshold(flat, stride, target, iterations):
-    """The paper's bisection of mean + r * (max - mean) on |every stride-th element of flat|.
+    """Where the paper's bisection of mean + r * (max - mean) on the sample a = |every stride-th
+    element of flat| ends after `iterations` steps: the lower end of its final bracket, the
+    largest point of the grid base + j * (max - base) / 2**iterations (j = 0 .. 2**iterations)
+    that still leaves `target` sample elements >= it. base is mean(a), or 0 when fewer than
+    `target` elements reach the mean.
 
-    Returns the lower end of the final bracket: at least `target` (an int or a tensor) sample
-    elements are >= it. If fewer than `target` are above the mean, the bracket starts at 0.
+    Computed in closed form from v, the target-th largest element of a (a partial sort of the
+    sample): the bracket's lower end is the grid point at or below v. Stepping the bisection
+    costs ~10 tiny ops per step, and a static program pays the executor's per-op overhead for
+    each; this costs ~15 ops whatever the steps. `target` is an int, or a tensor (a sort then).
     """
     sample = flat if stride == 1 else paddle.strided_slice(flat, [0], [0], [flat.shape[0]], [stride])
     sample = paddle.abs(sample)
-    high = paddle.max(sample)
-    mean = paddle.mean(sample)
-    low = paddle.where(_count_at_least(sample, mean) >= target, mean, paddle.zeros_like(mean))
-    for _ in range(iterations):
-        middle = (low + high) * 0.5
-        enough = _count_at_least(sample, middle) >= target
-        low, high = paddle.where(enough, middle, low), paddle.where(enough, high, middle)
-    return low
-
-
-def _count_at_least(values, threshold):
-    return paddle.sum(paddle.cast(values >= threshold, "int64"))
+    if isinstance(target, int):
+        kth = paddle.topk(sample, target)[0][target - 1]
+    else:
+        kth = paddle.gather(paddle.sort(sample, descending=True), paddle.reshape(target - 1, [1]))[0]
+    high, mean = paddle.max(sample), paddle.mean(sample)
+    base = paddle.where(kth >= mean, mean, paddle.zeros_like(mean))
+    span = high - base
+    steps = float(2 ** iterations)
+    grid = base + paddle.floor((kth - base) / span * steps) * (span / steps)
+    return paddle.where(span > 0, paddle.minimum(grid, kth), kth)
 
 
 def _at_least(flat, n, threshold):
