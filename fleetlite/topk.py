@@ -23,6 +23,9 @@ slower than numpy.argpartition), so here it runs on a strided sample:
 4. an exact top-k of the survivors' |x| trims them to exactly k; in the rare case that fewer
    than k survived (an unlucky sample, or many zeros), a conditional branch runs the exact
    top-k of x instead, so the result is always exactly k elements.
+Everything at or above the threshold survives, so whenever k survive, the trim returns the
+exact top-k (up to ties): the sample decides only how much work the trim has. Tensors of at
+most MIN_SAMPLED elements go straight to the exact top-k.
 A non-finite element always survives step 3, so checking the survivors for inf/NaN costs
 nothing; `mstopk` then raises (eagerly) or fails the program run (statically) with a message
 naming the tensor (gradients must be finite; with loss scaling an overflow is expected, which
@@ -42,8 +45,8 @@ FLOAT_DTYPES = ("float32", "float64")
 
 
 def mstopk(x, k, iterations=20, name="x"):
-    """(values, indices) of k elements of largest |x| (see the module doc); exact in count,
-    approximate only in that the bisection works on a sample (recall measured >= 0.99)."""
+    """(values, indices) of the k elements of largest |x| (see the module doc): exactly k, and
+    the exact top-k up to ties; `iterations` bisection steps place the sampled threshold."""
     return _call(lambda flat, n: _mstopk(flat, n, k, iterations, name), x, k)
 
 
