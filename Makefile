@@ -41,6 +41,7 @@ bench: $(BENCH_STAMP)
 	mkdir -p log
 	cd benchmarks && ../$(PY) gradsync.py --json ../log/bench_gradsync.json
 	cd benchmarks && ../$(PY) step_overhead.py --json ../log/bench_step_overhead.json
+	cd benchmarks && ../$(PY) topk_select.py --json ../log/bench_topk_select.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info log

@@ -20,3 +20,16 @@ def test_gradsync_driver_runs_its_contenders_and_reports_ratios(tmp_path):
     assert all(row["median_ms"] > 0 for row in report["rows"])
     assert report["ratios"]["best_fleetlite"] == "fleetlite_cpu_preset"
     assert "ratios:" in result.stdout
+
+
+def test_topk_select_driver_runs_its_contenders_and_reports_ratios(tmp_path):
+    out = tmp_path / "topk.json"
+    result = subprocess.run(
+        [sys.executable, "topk_select.py", "--sizes", "0.05", "--densities", "0.01", "--rounds", "1", "--warmup", "0",
+         "--json", str(out)], cwd=BENCHMARKS, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    (row,) = report["rows"]
+    assert row["k"] == 500 and row["recall"] == 1.0
+    assert all(row[name] > 0 for name in ("mstopk_static", "mstopk_eager", "numpy_argpartition", "stream"))
+    assert "numpy_argpartition_over_mstopk" in report["ratios"]
