@@ -153,6 +153,8 @@ CASES = {
     "no_ef": {"topk": True, "topk_configs": {"density": 0.01, "min_numel": 1000, "error_feedback": False}},
     "fp16": {"topk": True, "topk_configs": {"density": 0.01, "min_numel": 1000}, "fp16_allreduce": True},
     "warmup": {"topk": True, "topk_configs": {"density": 0.01, "min_numel": 1000, "warmup_steps": 3}},
+    "warmup_no_ef": {"topk": True, "topk_configs": {"density": 0.01, "min_numel": 1000, "warmup_steps": 3,
+                                                     "error_feedback": False}},
     "merged": {"topk": True, "topk_configs": {"density": 0.01, "min_numel": 1000}, "gradient_merge": True,
                "gradient_merge_configs": {"k_steps": 2}},
     "density_1": {"topk": True, "topk_configs": {"density": 1.0, "min_numel": 1000}},
@@ -251,6 +253,15 @@ def test_warm_up_starts_dense_ramps_down_then_exchanges_the_top_k(ranks):
                 np.testing.assert_allclose(reduced, expected, rtol=0, atol=1e-7)
                 np.testing.assert_allclose(after[0], unsent[0], rtol=0, atol=1e-7)
         assert counts[0] == nonzero and nonzero > counts[1] > counts[2] > k_of(name), counts
+
+
+def test_warm_up_without_error_feedback_starts_dense_then_drops_what_it_does_not_send(ranks):
+    for name in TAKEN:
+        for step in (0, 3, 4, 5):
+            raw, _, after, reduced = step_values(ranks, "warmup_no_ef", step, name)
+            assert after is None
+            expected = (raw[0] + raw[1]) * np.float32(0.5) if step == 0 else reference_exchange(raw, k_of(name))[0]
+            np.testing.assert_allclose(reduced, expected, rtol=0, atol=1e-7, err_msg=f"{name} step {step}")
 
 
 def test_with_gradient_merge_the_merged_gradient_is_compressed(ranks):
