@@ -49,3 +49,16 @@ def test_amp_bf16_driver_measures_where_the_cpu_has_bfloat16_and_says_why_not_el
     assert [row["model"] for row in report["rows"]] == ["convnet", "mlp"]
     assert all(row["fp32"] > 0 and row["bf16"] > 0 for row in report["rows"])
     assert set(report["ratios"]) == {"S_convnet", "S_mlp"}
+
+
+def test_topk_select_driver_runs_its_contenders_and_reports_ratios(tmp_path):
+    out = tmp_path / "topk.json"
+    result = subprocess.run(
+        [sys.executable, "topk_select.py", "--sizes", "0.05", "--densities", "0.01", "--rounds", "1", "--warmup", "0",
+         "--json", str(out)], cwd=BENCHMARKS, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    (row,) = report["rows"]
+    assert row["k"] == 500 and row["recall"] == 1.0
+    assert all(row[name] > 0 for name in ("mstopk_static", "mstopk_eager", "numpy_argpartition", "stream"))
+    assert "numpy_argpartition_over_mstopk" in report["ratios"]
