@@ -3,7 +3,8 @@ static programs.
 
 The pipeline: `readers.file` (this rank's shard: shard_id=rank, num_shards=world,
 stick_to_shard so a rank reads the same files every epoch, pad_last_batch so every shard runs
-the same number of iterations) → `decoders.image` → `random_resized_crop` →
+the same number of iterations; the reader shuffles the whole list before sharding it, so its
+seed is the shared one: with a seed per rank the shards would overlap) → `decoders.image` → `random_resized_crop` →
 `crop_mirror_normalize` (CHW float, ImageNet mean/std, random flip). For evaluation the crop is
 a resize of the shorter side and a centre crop, without flip.
 
@@ -53,7 +54,7 @@ def image_pipeline(file_list, batch_size, shard_id, num_shards, *, device="cpu",
     def classification():
         jpegs, labels = fn.readers.file(file_list=file_list, shard_id=shard_id, num_shards=num_shards,
                                         stick_to_shard=True, pad_last_batch=True, random_shuffle=training,
-                                        name=READER)
+                                        seed=seed, name=READER)
         images = fn.decoders.image(jpegs, device="mixed" if device == "gpu" else "cpu", output_type=types.RGB)
         if training:
             images = fn.random_resized_crop(images, size=crop)

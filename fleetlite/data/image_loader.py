@@ -38,7 +38,7 @@ def image_list(images):
             files = sorted(f for f in os.listdir(os.path.join(images, name)) if f.lower().endswith(IMAGE_SUFFIXES))
             names += [f"{name}/{f}" for f in files]
             labels += [label] * len(files)
-        root = images
+        root = os.path.abspath(images)
     elif os.path.isfile(images):
         rows = [line.split() for line in open(images) if line.strip()]
         bad = [i + 1 for i, row in enumerate(rows) if len(row) != 2 or not row[1].lstrip("-").isdigit()]
