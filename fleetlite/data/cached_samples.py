@@ -7,6 +7,7 @@ preprocessing (`augment`) runs after the cache with a generator per (seed, epoch
 cache never changes what is fed. Hits and misses of every level are counted per epoch.
 """
 import atexit
+import functools
 import hashlib
 import os
 from collections import Counter
@@ -27,6 +28,13 @@ def check_levels(levels):
     if unknown or len(set(levels)) != len(levels):
         raise DataError(f"cache_levels {levels}: list each of {', '.join(map(repr, LEVELS))} at most once")
     return levels
+
+
+def describe(function):
+    """A name for `function` that is the same in every process (no addresses)."""
+    if isinstance(function, functools.partial):
+        return f"{describe(function.func)}{function.args}{sorted(function.keywords.items())}"
+    return f"{getattr(function, '__module__', '')}.{getattr(function, '__qualname__', type(function).__name__)}"
 
 
 class CachedSamples:
@@ -64,10 +72,12 @@ class CachedSamples:
 
     def store_name(self, cache_dir, memory_bytes):
         """Equal on every rank of a node that reads the same files into the same cache, so they
-        share one store; a job restarted on the node finds the store its killed run filled."""
+        share one store (the node rank is part of it, for nodes simulated on one host); a job
+        restarted on the node finds the store its killed run filled."""
         identity = hashlib.sha1()
-        for part in (os.path.abspath(cache_dir), repr(self.source), getattr(self.decode, "__qualname__", ""),
-                     str(memory_bytes), *self.names):
+        for part in (os.path.abspath(cache_dir), getattr(self.source, "root", repr(self.source)), describe(self.decode),
+                     str(memory_bytes),
+                     str(job.topology().node_rank), *self.names):
             identity.update(part.encode() + b"\0")
         return f"fleetlite-cache-{identity.hexdigest()[:20]}"
 

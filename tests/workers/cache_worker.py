@@ -1,0 +1,72 @@
+"""One rank of a node reading through the cache, for tests/test_data_cache.py.
+
+argv: SOURCE CACHE_DIR STORE_FOLDER MEMORY_BYTES. Two epochs of the node partition through
+the disk and memory levels (a file barrier between them, so the second epoch finds what the
+other rank stored), then every sample of the node's partition read from the memory store, and
+this process's resident and proportional memory of the store's mapping measured while the
+other rank still holds it.
+"""
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fleetlite.data import CachedSamples, FileSource, NodePartitionBatchSampler, PrefetchLoader  # noqa: E402
+from fleetlite.data.job import topology  # noqa: E402
+from multiprocess import write_result  # noqa: E402
+
+
+def decode(data):
+    return np.frombuffer(data, dtype=np.float32)
+
+
+def barrier(folder, name, rank, world, timeout=60):
+    Path(folder, f"barrier-{name}-{rank}").touch()
+    deadline = time.monotonic() + timeout
+    while not all(Path(folder, f"barrier-{name}-{r}").exists() for r in range(world)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"barrier {name}: the other ranks did not arrive in {timeout} s")
+        time.sleep(0.01)
+
+
+def mapping_memory(path):
+    """(Rss, Pss) in bytes of this process's mapping of `path`, from /proc/self/smaps."""
+    rss = pss = 0
+    inside = False
+    for line in open("/proc/self/smaps"):
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:          # a mapping's header line
+            inside = fields[-1] == path
+        elif inside and fields[0] in ("Rss:", "Pss:"):
+            value = int(fields[1]) * 1024
+            rss, pss = (rss + value, pss) if fields[0] == "Rss:" else (rss, pss + value)
+    return rss, pss
+
+
+def main():
+    source, cache_dir, store_folder, memory_bytes = sys.argv[1:5]
+    here = topology()
+    names = sorted(os.listdir(source))
+    samples = CachedSamples(FileSource(source), names, decode=decode, levels=["disk", "memory"], cache_dir=cache_dir,
+                            memory_bytes=int(memory_bytes), seed=0, store_folder=store_folder)
+    sampler = NodePartitionBatchSampler(samples, 4)
+    batches = PrefetchLoader(samples, sampler)
+    stats = []
+    for epoch in range(2):
+        seen = sum(len(batch[0]) for batch in batches)
+        stats.append({**samples.stats(epoch), "seen": seen})
+        barrier(store_folder, f"epoch{epoch}", here.rank, here.world_size)
+    checksum = sum(float(samples.memory.get(i)[0].sum()) for i in sampler.partition)
+    barrier(store_folder, "touched", here.rank, here.world_size)      # both map every page before measuring
+    rss, pss = mapping_memory(samples.memory.path)
+    allocated = os.stat(samples.memory.path).st_blocks * 512
+    barrier(store_folder, "measured", here.rank, here.world_size)
+    write_result({"stats": stats, "rss": rss, "pss": pss, "allocated": allocated, "used": samples.memory.used,
+                  "checksum": checksum, "partition": [sampler.start, sampler.stop], "path": samples.memory.path})
+
+
+if __name__ == "__main__":
+    main()
