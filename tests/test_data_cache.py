@@ -108,7 +108,8 @@ KILLED_READER = """
 import sys
 from fleetlite.data import CachedSamples, ThrottledSource
 source, names, cache, store = sys.argv[1], sys.argv[2].split(","), sys.argv[3], sys.argv[4]
-samples = CachedSamples(ThrottledSource(source, 5, 2), names, levels=["disk", "memory"], cache_dir=cache, memory_bytes=1 << 20, store_folder=store)
+samples = CachedSamples(ThrottledSource(source, 5, 2), names, levels=["disk", "memory"], cache_dir=cache,
+                        memory_bytes=1 << 20, store_folder=store)
 for i in range(len(samples)):
     samples[i]
 """

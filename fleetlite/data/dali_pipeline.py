@@ -4,9 +4,9 @@ static programs.
 The pipeline: `readers.file` (this rank's shard: shard_id=rank, num_shards=world,
 stick_to_shard so a rank reads the same files every epoch, pad_last_batch so every shard runs
 the same number of iterations; the reader shuffles the whole list before sharding it, so its
-seed is the shared one: with a seed per rank the shards would overlap) → `decoders.image` → `random_resized_crop` →
-`crop_mirror_normalize` (CHW float, ImageNet mean/std, random flip). For evaluation the crop is
-a resize of the shorter side and a centre crop, without flip.
+seed is the shared one: with a seed per rank the shards would overlap) → `decoders.image` →
+`random_resized_crop` → `crop_mirror_normalize` (CHW float, ImageNet mean/std, random flip).
+For evaluation the crop is a resize of the shorter side and a centre crop, without flip.
 
 - GPU: decoding is "mixed" (nvJPEG), the rest runs on the GPU, and batches come from DALI's
   Paddle plugin (`DALIGenericIterator`), which needs a GPU.
