@@ -142,6 +142,24 @@ class SharedSampleStore:
             target[:] = array.reshape(-1).view(np.uint8)
             position += _round_up(array.nbytes, 16)
 
+    def mapped_memory(self):
+        """(Rss, Pss) in bytes of this process's mapping of the store: resident pages, and
+        resident pages divided by the number of processes mapping each (summed over the ranks
+        of a node, Pss is the node's one copy)."""
+        sizes, inside = {"Rss:": 0, "Pss:": 0}, False
+        with open("/proc/self/smaps") as smaps:
+            for line in smaps:
+                fields = line.split()
+                if "-" in fields[0] and len(fields) >= 5:      # a mapping's first line ends with its path
+                    inside = fields[-1] == self.path
+                elif inside and fields[0] in sizes:
+                    sizes[fields[0]] += int(fields[1]) * 1024
+        return sizes["Rss:"], sizes["Pss:"]
+
+    def allocated_bytes(self):
+        """Bytes of memory the store's file holds (its pages are allocated as samples arrive)."""
+        return os.stat(self.path).st_blocks * 512
+
     def ready_count(self):
         return int((self.table["state"] == READY).sum())
 

@@ -32,20 +32,6 @@ def barrier(folder, name, rank, world, timeout=60):
         time.sleep(0.01)
 
 
-def mapping_memory(path):
-    """(Rss, Pss) in bytes of this process's mapping of `path`, from /proc/self/smaps."""
-    rss = pss = 0
-    inside = False
-    for line in open("/proc/self/smaps"):
-        fields = line.split()
-        if "-" in fields[0] and len(fields) >= 5:          # a mapping's header line
-            inside = fields[-1] == path
-        elif inside and fields[0] in ("Rss:", "Pss:"):
-            value = int(fields[1]) * 1024
-            rss, pss = (rss + value, pss) if fields[0] == "Rss:" else (rss, pss + value)
-    return rss, pss
-
-
 def main():
     source, cache_dir, store_folder, memory_bytes = sys.argv[1:5]
     here = topology()
@@ -61,8 +47,8 @@ def main():
         barrier(store_folder, f"epoch{epoch}", here.rank, here.world_size)
     checksum = sum(float(samples.memory.get(i)[0].sum()) for i in sampler.partition)
     barrier(store_folder, "touched", here.rank, here.world_size)      # both map every page before measuring
-    rss, pss = mapping_memory(samples.memory.path)
-    allocated = os.stat(samples.memory.path).st_blocks * 512
+    rss, pss = samples.memory.mapped_memory()
+    allocated = samples.memory.allocated_bytes()
     barrier(store_folder, "measured", here.rank, here.world_size)
     write_result({"stats": stats, "rss": rss, "pss": pss, "allocated": allocated, "used": samples.memory.used,
                   "checksum": checksum, "partition": [sampler.start, sampler.stop], "path": samples.memory.path})
