@@ -38,8 +38,9 @@ class PageCacheSamples:
 
     def __getitem__(self, index):
         image = np.load(os.path.join(self.folder, f"{index}.npy"))
-        rng = np.random.default_rng([self.seed, self.epoch, index])
-        return self.augment(image, rng), np.array([self.labels[index]], dtype="int64")
+        if self.augment is not None:
+            image = self.augment(image, np.random.default_rng([self.seed, self.epoch, index]))
+        return image, np.array([self.labels[index]], dtype="int64")
 
 
 def timed_epoch(batches):
@@ -49,40 +50,42 @@ def timed_epoch(batches):
 
 
 def throughput(settings, here):
+    """Epoch times of every (contender, variant): "decoded" delivers the decoded samples (the
+    data path the cache replaces), "augmented" adds the random crop, flip and normalize."""
     root, names, labels = image_list(settings["images"])
     source = ThrottledSource(root, settings["bandwidth_MBps"], settings["latency_ms"])
     decode = functools.partial(decode_image, size=settings["resize"])
-    augment = functools.partial(augment_image, crop=settings["crop"])
-
-    def loader(levels, samples=None):
-        samples = samples or CachedSamples(source, names, labels, decode, augment, levels=levels,
-                                           cache_dir=settings["cache_dir"], seed=0,
-                                           memory_bytes=settings["memory_cache_MB"] << 20)
-        return PrefetchLoader(samples, NodePartitionBatchSampler(len(names), settings["batch"], seed=0))
-
-    cached, uncached = loader(["disk", "memory"]), loader([])
-    barrier()
-    cold_s, _ = timed_epoch(cached)
-    stats_cold = cached.dataset.stats(0)
+    sampler = NodePartitionBatchSampler(len(names), settings["batch"], seed=0)
     page_folder = os.path.join(settings["cache_dir"], f"decoded-{here.rank}")
     os.makedirs(page_folder, exist_ok=True)
-    for index in cached.batch_sampler.partition:
+    for index in sampler.partition:
         with open(os.path.join(root, names[index]), "rb") as jpeg:
             np.save(os.path.join(page_folder, f"{index}.npy"), decode(jpeg.read()))
-    page = PrefetchLoader(PageCacheSamples(page_folder, labels, augment, 0), cached.batch_sampler)
-    timed_epoch(page)                        # warm the page cache
-    rounds = {"uncached": [], "cached": [], "page_cache": []}
-    for round_index in range(settings["rounds"]):
-        for name, batches in (("uncached", uncached), ("cached", cached), ("page_cache", page)):
+    contenders = {}
+    for variant, augment in (("decoded", None), ("augmented", functools.partial(augment_image, crop=settings["crop"]))):
+        for name, levels in (("cached", ["disk", "memory"]), ("uncached", [])):
+            samples = CachedSamples(source, names, labels, decode, augment, levels=levels, seed=0,
+                                    cache_dir=settings["cache_dir"], memory_bytes=settings["memory_cache_MB"] << 20)
+            contenders[f"{name}/{variant}"] = PrefetchLoader(samples, sampler)
+        page = PageCacheSamples(page_folder, labels, augment, 0)
+        contenders[f"page_cache/{variant}"] = PrefetchLoader(page, sampler)
+    cold = contenders["cached/decoded"]
+    barrier()
+    cold_s, _ = timed_epoch(cold)                       # the first epoch: source -> disk -> memory
+    stats_cold = cold.dataset.stats(sampler.epoch - 1)
+    for name, batches in contenders.items():
+        if name.startswith("page_cache"):
+            timed_epoch(batches)                        # into the page cache
+    rounds = {name: [] for name in contenders}
+    for _ in range(settings["rounds"]):
+        for name, batches in contenders.items():
             barrier()
             rounds[name].append(timed_epoch(batches)[0])
-    memory = cached.dataset.memory
+    memory = cold.dataset.memory
     rss, pss = memory.mapped_memory()
     result = {"epoch1_s": cold_s, "epochs_s": rounds, "stats_epoch1": stats_cold,
-              "stats_last": cached.dataset.stats(), "store_allocated": memory.allocated_bytes(),
-              "store_used": memory.used, "store_rss": rss, "store_pss": pss,
-              "samples": len(cached.batch_sampler.partition) // here.local_size,
-              "jpeg_bytes": source.bytes_read}
+              "stats_last": cold.dataset.stats(), "store_allocated": memory.allocated_bytes(),
+              "store_used": memory.used, "store_rss": rss, "store_pss": pss}
     barrier()
     return result
 

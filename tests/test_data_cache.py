@@ -214,13 +214,36 @@ def test_the_prefetcher_reads_ahead_raises_the_readers_error_and_stops_when_clos
     time.sleep(0.2)
     assert len(produced) <= 5                       # bounded read-ahead: depth 3 + one in hand
     reader.close()
-    assert not any(t.name == "fleetlite-prefetch" and t.is_alive() for t in threading.enumerate())
+    assert not reader._thread.is_alive()
 
     def failing():
         yield 1
         raise ValueError("bad sample 7")
     with pytest.raises(ValueError, match="bad sample 7"):
         list(Prefetcher(failing()))
+
+
+def test_the_loader_reads_the_next_epoch_ahead_unless_set_epoch_picks_another():
+    class Indices:
+        def __init__(self):
+            self.epochs = []
+
+        def set_epoch(self, epoch):
+            self.epochs.append(epoch)
+
+        def __getitem__(self, index):
+            return (np.array(index),)
+
+    def order(batches):
+        return [batch[0].tolist() for batch in batches]
+    sampler = NodePartitionBatchSampler(12, 4, 1, 1, 0, seed=2)
+    dataset = Indices()
+    batches = PrefetchLoader(dataset, sampler, prefetch=2)
+    assert order(batches) == sampler.batches(0) and dataset.epochs == [0, 1]    # epoch 1 started at once
+    assert order(batches) == sampler.batches(1)
+    batches.batch_sampler.set_epoch(7)
+    assert order(batches) == sampler.batches(7) and dataset.epochs == [0, 1, 2, 7, 8]
+    assert batches.wait_s.keys() == {0, 1, 7}
 
 
 def test_image_loader_reads_the_cache_settings_from_the_strategy_and_names_bad_ones(tmp_path, photos):

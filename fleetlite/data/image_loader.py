@@ -55,25 +55,41 @@ def image_list(images):
 
 class PrefetchLoader:
     """Batches of `dataset` in `batch_sampler`'s order as lists of stacked numpy arrays, read
-    ahead by a thread. `wait_s[epoch]` is the time the training loop waited for data."""
+    ahead by a thread. When an epoch's last batch is handed out, the next epoch's first batches
+    are read already (unless `set_epoch` then picks another epoch), so no epoch starts with an
+    empty queue. `wait_s[epoch]` is the time the training loop waited for data."""
 
     def __init__(self, dataset, batch_sampler, prefetch=4):
         self.dataset, self.batch_sampler, self.prefetch = dataset, batch_sampler, prefetch
         self.wait_s = {}
+        self._ahead = None          # (epoch, reader) started at the end of the previous epoch
 
     def __len__(self):
         return len(self.batch_sampler)
 
     def __iter__(self):
+        epoch, reader = self._ahead if self._ahead else (None, None)
+        self._ahead = None
+        if reader is None or self.batch_sampler.epoch != epoch + 1:   # set_epoch chose another epoch
+            if reader is not None:
+                reader.close()
+            epoch, reader = self._start()
+        finished = False
+        try:
+            for batch in reader:
+                yield batch
+            finished = True
+        finally:
+            self.wait_s[epoch] = reader.wait_s
+            reader.close()
+            if finished:
+                self._ahead = self._start()
+
+    def _start(self):
         epoch = self.batch_sampler.epoch
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
-        reader = Prefetcher(self._collated(iter(self.batch_sampler)), self.prefetch)
-        try:
-            yield from reader
-        finally:
-            reader.close()
-            self.wait_s[epoch] = reader.wait_s
+        return epoch, Prefetcher(self._collated(iter(self.batch_sampler)), self.prefetch)
 
     def _collated(self, batches):
         for batch in batches:

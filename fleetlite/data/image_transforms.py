@@ -47,11 +47,16 @@ def augment_image(image, rng, crop, mean=IMAGENET_MEAN, std=IMAGENET_STD):
     """uint8 HWC -> float32 CHW: random resized crop to `crop`, random flip, normalize."""
     from PIL import Image
 
-    height, width = image.shape[:2]
-    left, top, w, h = random_crop_box(width, height, rng)
-    patch = Image.fromarray(np.asarray(image)[top:top + h, left:left + w]).resize((crop, crop), Image.BILINEAR)
-    out = np.asarray(patch, dtype=np.float32)
+    picture = Image.fromarray(np.asarray(image))
+    left, top, w, h = random_crop_box(picture.width, picture.height, rng)
+    patch = picture.resize((crop, crop), Image.BILINEAR, box=(left, top, left + w, top + h))
     if rng.random() < 0.5:
-        out = out[:, ::-1]
-    out = (out / 255.0 - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
-    return np.ascontiguousarray(out.transpose(2, 0, 1))
+        patch = patch.transpose(Image.FLIP_LEFT_RIGHT)
+    pixels = np.asarray(patch)
+    scale = 1 / (255 * np.asarray(std, np.float32))
+    shift = -np.asarray(mean, np.float32) / np.asarray(std, np.float32)
+    out = np.empty((3, crop, crop), np.float32)
+    for channel in range(3):     # (x / 255 - mean) / std as one multiply-add, written straight into CHW
+        np.multiply(pixels[:, :, channel], scale[channel], out=out[channel], casting="unsafe")
+        out[channel] += shift[channel]
+    return out
