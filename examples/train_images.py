@@ -7,7 +7,8 @@
 to a local disk cache and keeps the decoded images in a shared-memory store per node; later
 epochs read them from memory. Each epoch prints its time, the time spent waiting for data and
 (with the cache) this rank's hit and miss counts. Without --images, 64 synthetic JPEGs are written
-to a temporary folder first (--slow_MBps then throttles reads from it, as a network file system would).
+to $TMPDIR/fleetlite_example_images first (--slow_MBps then throttles reads from it, as a network
+file system would).
 """
 import argparse
 import os
@@ -36,6 +37,8 @@ def parse_args():
 
 
 def synthetic_images(folder, count=64, classes=4):
+    """The same JPEGs on every rank (a fixed seed), each written atomically, so ranks that share
+    the folder may all write it."""
     from PIL import Image
 
     rng = np.random.default_rng(0)
@@ -43,7 +46,9 @@ def synthetic_images(folder, count=64, classes=4):
         os.makedirs(os.path.join(folder, f"class{i % classes}"), exist_ok=True)
         tint = np.array([60 * (i % classes), 120, 255 - 60 * (i % classes)])
         picture = np.clip(tint + rng.normal(0, 40, (160, 200, 3)), 0, 255).astype("uint8")
-        Image.fromarray(picture).save(os.path.join(folder, f"class{i % classes}", f"{i:04d}.jpg"), quality=90)
+        path = os.path.join(folder, f"class{i % classes}", f"{i:04d}.jpg")
+        Image.fromarray(picture).save(f"{path}.{os.getpid()}.tmp", format="JPEG", quality=90)
+        os.replace(f"{path}.{os.getpid()}.tmp", path)
     return folder
 
 
@@ -62,11 +67,9 @@ def main():
     strategy.data_configs = {"loader": args.loader, "cache_dir": args.cache_dir, "memory_cache_MB": args.memory_MB,
                              "cache_levels": ["disk", "memory"] if args.cache else []}
     fleet.init(is_collective=True, strategy=strategy)
-    workdir = None
     images, source = args.images, None
     if images is None:
-        workdir = tempfile.TemporaryDirectory(prefix="fleetlite-example-images-")
-        images = synthetic_images(workdir.name)
+        images = synthetic_images(os.path.join(tempfile.gettempdir(), "fleetlite_example_images"))
         if args.slow_MBps:
             source = fleetlite.data.ThrottledSource(images, args.slow_MBps, latency_ms=5)
     classes = max(fleetlite.data.image_list(images)[2]) + 1
@@ -94,8 +97,6 @@ def main():
             if args.cache:
                 line += f", {batches.dataset.stats(epoch)}"
         print(line, flush=True)
-    if workdir is not None:
-        workdir.cleanup()
 
 
 if __name__ == "__main__":
