@@ -144,7 +144,7 @@ def main():
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.quick:
-        args.images, args.rounds = 32, 1
+        args.images, args.rounds = 24, 1
     with tempfile.TemporaryDirectory(prefix="fleetlite-bench-cache-") as folder:
         images = os.path.join(folder, "images")
         jpeg_bytes = write_jpegs(images, args.images)

@@ -44,9 +44,14 @@ class PageCacheSamples:
 
 
 def timed_epoch(batches):
+    """Seconds for one epoch; no reading ahead into the next (it would run during another
+    contender's epoch)."""
     start = time.perf_counter()
-    count = sum(len(batch[0]) for batch in batches)
-    return time.perf_counter() - start, count
+    for _ in batches:
+        pass
+    elapsed = time.perf_counter() - start
+    batches.close()
+    return elapsed
 
 
 def throughput(settings, here):
@@ -71,7 +76,7 @@ def throughput(settings, here):
         contenders[f"page_cache/{variant}"] = PrefetchLoader(page, sampler)
     cold = contenders["cached/decoded"]
     barrier()
-    cold_s, _ = timed_epoch(cold)                       # the first epoch: source -> disk -> memory
+    cold_s = timed_epoch(cold)                       # the first epoch: source -> disk -> memory
     stats_cold = cold.dataset.stats(sampler.epoch - 1)
     for name, batches in contenders.items():
         if name.startswith("page_cache"):
@@ -80,7 +85,7 @@ def throughput(settings, here):
     for _ in range(settings["rounds"]):
         for name, batches in contenders.items():
             barrier()
-            rounds[name].append(timed_epoch(batches)[0])
+            rounds[name].append(timed_epoch(batches))
     memory = cold.dataset.memory
     rss, pss = memory.mapped_memory()
     result = {"epoch1_s": cold_s, "epochs_s": rounds, "stats_epoch1": stats_cold,
@@ -122,6 +127,7 @@ def stall(settings, strategy):
         later = epochs[1:]
         results[model] = {"epochs": epochs, "stats": batches.dataset.stats(),
                           "stall_fraction": sum(e["wait_s"] for e in later) / sum(e["epoch_s"] for e in later)}
+        batches.close()
         batches.dataset.close()
     return results
 

@@ -32,3 +32,16 @@ def test_data_loading_driver_runs_its_contenders_and_reports_ratios(tmp_path):
     report = json.loads(out.read_text())
     assert len(report["rows"]) == 8 and all(row["median_ms"] > 0 for row in report["rows"])
     assert {"sampler_fleetlite_vs_paddle", "records_shard_of_2_vs_whole"} <= set(report["ratios"])
+
+
+def test_data_cache_driver_runs_quick_and_reports_every_key(tmp_path):
+    out = tmp_path / "cache.json"
+    result = subprocess.run([sys.executable, "data_cache.py", "--quick", "--json", str(out)],
+                            cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert {"uncached_epoch_s", "epoch1_s", "epoch2_s", "page_cache_epoch_s", "stall_fraction",
+            "resident_bytes_per_node", "sizes", "decode_images_per_s"} <= set(report)
+    assert report["hits_misses"]["epoch1"] == [{"memory_misses": 12, "disk_misses": 12}] * 2
+    assert report["hits_misses"]["last_cached_epoch"] == [{"memory_hits": 12}] * 2
+    assert report["resident_bytes_per_node"] >= 24 * report["sizes"]["decoded_bytes_per_sample"]

@@ -19,7 +19,7 @@ from PIL import Image
 
 import fleetlite as fleet
 from fleetlite.data import (CachedSamples, FileSource, NodePartitionBatchSampler, PrefetchLoader, ThrottledSource,
-                            image_list, image_loader)
+                            image_list, image_loader, loader)
 from fleetlite.data.disk_cache import DiskCache
 from fleetlite.data.image_transforms import augment_image, decode_image
 from fleetlite.data.prefetch import Prefetcher
@@ -75,6 +75,8 @@ def test_epoch_one_misses_every_level_epoch_two_hits_memory_and_feeds_equal_an_u
         for mine, theirs in zip(with_cache, without):
             assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(mine, theirs))
         assert with_cache[0][0].shape == (8, 3, 16, 16) and with_cache[0][1].shape == (8, 1)
+    total = sum(os.path.getsize(os.path.join(root, name)) for name in names)
+    assert cached.source.bytes_read == total and plain.source.bytes_read >= 3 * total   # cached: epoch 1 only
     assert cached.stats(0) == {"memory_misses": 30, "disk_misses": 30}
     assert cached.stats(1) == cached.stats(2) == {"memory_hits": 30}
     assert plain.stats(1) == {"source_reads": 30}
@@ -243,7 +245,8 @@ def test_the_loader_reads_the_next_epoch_ahead_unless_set_epoch_picks_another():
     assert order(batches) == sampler.batches(1)
     batches.batch_sampler.set_epoch(7)
     assert order(batches) == sampler.batches(7) and dataset.epochs == [0, 1, 2, 7, 8]
-    assert batches.wait_s.keys() == {0, 1, 7}
+    batches.close()                                  # drops the read-ahead of epoch 8, which comes next
+    assert order(batches) == sampler.batches(8) and batches.wait_s.keys() == {0, 1, 7, 8}
 
 
 def test_image_loader_reads_the_cache_settings_from_the_strategy_and_names_bad_ones(tmp_path, photos):
@@ -260,3 +263,9 @@ def test_image_loader_reads_the_cache_settings_from_the_strategy_and_names_bad_o
         image_loader(photos, strategy, 6)
     with pytest.raises(DataError, match="neither a folder of class folders nor a file list"):
         image_loader(tmp_path / "missing", strategy, 6)
+    strategy.data_configs = {"cache_levels": ["disk"]}
+    with pytest.raises(DataError, match=r"cache_levels = \['disk'\] cache sample files: use fleetlite.data.image_loader"):
+        loader(list(range(10)), strategy, 2)
+    strategy.data_configs = {"cache_levels": [], "loader": "dali"}
+    with pytest.raises(DataError, match="loader = 'dali' reads image files itself"):
+        loader(list(range(10)), strategy, 2)

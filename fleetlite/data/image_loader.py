@@ -85,6 +85,15 @@ class PrefetchLoader:
             if finished:
                 self._ahead = self._start()
 
+    def close(self):
+        """Stop reading ahead; the next iteration reads the epoch it would have read."""
+        if self._ahead:
+            epoch, reader = self._ahead
+            reader.close()
+            self._ahead = None
+            if self.batch_sampler.epoch == epoch + 1:
+                self.batch_sampler.set_epoch(epoch)
+
     def _start(self):
         epoch = self.batch_sampler.epoch
         if hasattr(self.dataset, "set_epoch"):

@@ -2,15 +2,26 @@
 
 The executor releases the GIL while it runs a program, and numpy copies and PIL decoding
 release it too, so one reader thread overlaps the step. `wait_s` is the time the consumer
-spent blocked on the queue: the data stall.
+spent blocked on the queue: the data stall. Readers still running at exit are stopped first.
 """
+import atexit
 import queue
 import threading
 import time
+import weakref
 
 from fleetlite.errors import DataError
 
 _DONE = object()
+_RUNNING = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_readers():
+    """Stop every reader before the interpreter shuts down: a daemon thread still decoding
+    while modules and memory maps are torn down can crash the process at exit."""
+    for reader in list(_RUNNING):
+        reader.close()
 
 
 class Prefetcher:
@@ -26,6 +37,7 @@ class Prefetcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._read, args=(iter(items),), name=name, daemon=True)
         self._thread.start()
+        _RUNNING.add(self)
 
     def _read(self, items):
         try:

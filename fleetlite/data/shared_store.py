@@ -160,9 +160,6 @@ class SharedSampleStore:
         """Bytes of memory the store's file holds (its pages are allocated as samples arrive)."""
         return os.stat(self.path).st_blocks * 512
 
-    def ready_count(self):
-        return int((self.table["state"] == READY).sum())
-
     def close(self):
         """Unmap (views returned by get must not be used after this)."""
         self.table = None

@@ -48,7 +48,7 @@ class ThrottledSource(FileSource):
             raise DataError(f"bandwidth_MBps={bandwidth_MBps}, latency_ms={latency_ms}: the bandwidth must be "
                             f"positive and the latency not negative")
         self.bandwidth, self.latency = bandwidth_MBps * 1e6, latency_ms / 1e3
-        self.bytes_read = 0
+        self.bytes_read = 0          # by this process, over its lifetime
 
     def read(self, name):
         start = time.perf_counter()
