@@ -85,11 +85,14 @@ def throughput(settings, here):
     for _ in range(settings["rounds"]):
         for name, batches in contenders.items():
             barrier()
+            epoch = batches.batch_sampler.epoch
             rounds[name].append(timed_epoch(batches))
+            if batches is cold:
+                stats_last = cold.dataset.stats(epoch)
     memory = cold.dataset.memory
     rss, pss = memory.mapped_memory()
     result = {"epoch1_s": cold_s, "epochs_s": rounds, "stats_epoch1": stats_cold,
-              "stats_last": cold.dataset.stats(), "store_allocated": memory.allocated_bytes(),
+              "stats_last": stats_last, "store_allocated": memory.allocated_bytes(),
               "store_used": memory.used, "store_rss": rss, "store_pss": pss}
     barrier()
     return result
