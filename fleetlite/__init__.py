@@ -30,6 +30,9 @@ def __getattr__(name):
         return getattr(api, name)
     if name == "fleet":              # `from paddle.distributed.fleet import fleet` style
         return sys.modules[__name__]
+    if name == "data":               # fleet.data.loader(...) without a separate import
+        import fleetlite.data
+        return fleetlite.data
     from fleetlite.fleet_surface import UNSUPPORTED, missing
     if name in UNSUPPORTED:
         raise missing(name)

@@ -5,7 +5,8 @@ The first worker writes the checkpoint into a hidden directory beside the target
 target already exists, the two directories are exchanged atomically (Linux renameat2
 RENAME_EXCHANGE) and the previous one is deleted. So the target holds either the previous
 checkpoint or the complete new one, never a half-written one, even when the writer is killed
-(a killed write leaves only the hidden partial directory, which can be deleted). On a file
+(a killed write leaves only the hidden partial directory, named with the writer's process id,
+and the next save beside it deletes it once that process is gone). On a file
 system without the exchange, the previous checkpoint is first renamed aside to
 `.<name>.previous-XXXX`: a kill between the two renames leaves it there, complete.
 
@@ -13,6 +14,7 @@ Every rank then learns whether the write worked (an all-reduce of the writer's s
 is also the barrier that makes the checkpoint visible to all ranks before any reads it).
 """
 import ctypes
+import glob
 import os
 import shutil
 import tempfile
@@ -46,7 +48,8 @@ def write_atomically(dirname, write):
     if os.path.exists(target) and not os.path.isdir(target):
         raise FleetliteError(f"cannot save a checkpoint to {dirname}: it is a file; pass a directory path")
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{name}.partial-", dir=parent)
+    _remove_abandoned_partials(parent, name)
+    staging = tempfile.mkdtemp(prefix=f".{name}.partial-{os.getpid()}-", dir=parent)
     try:
         write(staging)
         _flush_tree(staging)
@@ -57,6 +60,24 @@ def write_atomically(dirname, write):
         _flush(parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)   # the partial write, or the previous checkpoint
+
+
+def _remove_abandoned_partials(parent, name):
+    """Delete partial writes of `name` whose writer process no longer exists (killed saves)."""
+    for partial in glob.glob(os.path.join(glob.escape(parent), f".{glob.escape(name)}.partial-*-*")):
+        writer = os.path.basename(partial)[len(f".{name}.partial-"):].split("-", 1)[0]
+        if writer.isdigit() and not _process_exists(int(writer)):
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def _process_exists(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:     # alive, owned by another user
+        return True
+    return True
 
 
 def _replace_directory(staging, target, parent, name):

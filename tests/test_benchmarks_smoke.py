@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import paddle
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -47,3 +49,18 @@ def test_data_cache_driver_runs_quick_and_reports_every_key(tmp_path):
         assert first["disk_misses"] == first["memory_misses"] and len(first) <= 3
     assert report["hits_misses"]["last_cached_epoch"] == [{"memory_hits": 12}] * 2
     assert report["resident_bytes_per_node"] >= 24 * report["sizes"]["decoded_bytes_per_sample"]
+
+
+def test_amp_bf16_driver_measures_where_the_cpu_has_bfloat16_and_says_why_not_elsewhere(tmp_path):
+    out = tmp_path / "amp_bf16.json"
+    result = subprocess.run([sys.executable, "amp_bf16.py", "--rounds", "1", "--warmup", "0", "--reps", "1",
+                             "--json", str(out)], cwd=BENCHMARKS, capture_output=True, text=True, timeout=480)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    if not paddle.base.core.supports_bfloat16():
+        assert result.stdout.startswith("skipped: this CPU has no AVX512-BF16")
+        assert report == {"skipped": result.stdout[len("skipped: "):].strip()}
+        return
+    assert [row["model"] for row in report["rows"]] == ["convnet", "mlp"]
+    assert all(row["fp32"] > 0 and row["bf16"] > 0 for row in report["rows"])
+    assert set(report["ratios"]) == {"S_convnet", "S_mlp"}

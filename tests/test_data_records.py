@@ -4,6 +4,8 @@ built from data_configs."""
 import io
 import json
 import os
+import subprocess
+import sys
 import tarfile
 
 import numpy as np
@@ -121,3 +123,10 @@ def test_the_loader_feeds_a_record_shard_through_paddles_data_loader(digits_shar
     batches = list(loader(shard, strategy(), 100, shuffle=False))
     assert len(batches) == 18 and np.array(batches[0][0]).shape == (100, 8, 8)
     assert np.concatenate([np.array(y) for _, y in batches]).tolist() == load_digits().target.tolist()
+
+
+def test_fleet_data_needs_no_import_of_its_own():
+    run = subprocess.run([sys.executable, "-c", "import fleetlite as fleet; print(fleet.data.loader.__module__)"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "fleetlite.data.loader"

@@ -100,6 +100,9 @@ def test_a_save_killed_halfway_leaves_the_previous_checkpoint_at_the_target(tmp_
     assert file_digests(tmp_path / "ckpt") == before and len(before) == 11
     (partial,) = [name for name in os.listdir(tmp_path) if name.startswith(".ckpt.partial-")]
     assert len(os.listdir(tmp_path / partial)) == 2               # where the kill came
+    checkpoint.write_atomically(tmp_path / "ckpt", lambda folder: (Path(folder) / "marker").write_text("next save"))
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "ckpt.sha256.json"]   # the killed write's partial is gone
+    assert os.listdir(tmp_path / "ckpt") == ["marker"]
 
 
 def test_paddles_own_launcher_is_refused_in_one_line_naming_the_fix(tmp_path):
