@@ -44,9 +44,9 @@ def test_data_cache_driver_runs_quick_and_reports_every_key(tmp_path):
     report = json.loads(out.read_text())
     assert {"uncached_epoch_s", "epoch1_s", "epoch2_s", "page_cache_epoch_s", "stall_fraction",
             "resident_bytes_per_node", "sizes", "decode_images_per_s"} <= set(report)
-    for first in report["hits_misses"]["epoch1"]:   # a rank ahead may decode a sample the other still needs
+    for first in report["hits_misses"]["epoch1"]:   # a rank reading ahead may decode a sample the other needs
         assert first["memory_misses"] + first.get("memory_hits", 0) == 12
-        assert first["disk_misses"] == first["memory_misses"] and len(first) <= 3
+        assert first["memory_misses"] == first["disk_misses"] + first.get("disk_hits", 0)
     assert report["hits_misses"]["last_cached_epoch"] == [{"memory_hits": 12}] * 2
     assert report["resident_bytes_per_node"] >= 24 * report["sizes"]["decoded_bytes_per_sample"]
 
