@@ -36,6 +36,21 @@ def test_data_loading_driver_runs_its_contenders_and_reports_ratios(tmp_path):
     assert {"sampler_fleetlite_vs_paddle", "records_shard_of_2_vs_whole"} <= set(report["ratios"])
 
 
+def test_data_cache_driver_runs_quick_and_reports_every_key(tmp_path):
+    out = tmp_path / "cache.json"
+    result = subprocess.run([sys.executable, "data_cache.py", "--quick", "--json", str(out)],
+                            cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert {"uncached_epoch_s", "epoch1_s", "epoch2_s", "page_cache_epoch_s", "stall_fraction",
+            "resident_bytes_per_node", "sizes", "decode_images_per_s"} <= set(report)
+    for first in report["hits_misses"]["epoch1"]:   # a rank reading ahead may decode a sample the other needs
+        assert first["memory_misses"] + first.get("memory_hits", 0) == 12
+        assert first["memory_misses"] == first["disk_misses"] + first.get("disk_hits", 0)
+    assert report["hits_misses"]["last_cached_epoch"] == [{"memory_hits": 12}] * 2
+    assert report["resident_bytes_per_node"] >= 24 * report["sizes"]["decoded_bytes_per_sample"]
+
+
 def test_amp_bf16_driver_measures_where_the_cpu_has_bfloat16_and_says_why_not_elsewhere(tmp_path):
     out = tmp_path / "amp_bf16.json"
     result = subprocess.run([sys.executable, "amp_bf16.py", "--rounds", "1", "--warmup", "0", "--reps", "1",
