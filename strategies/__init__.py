@@ -20,6 +20,7 @@ from fleetlite.strategies.pto import Pto
 from fleetlite.strategies.scale_gradient import ScaleGradient
 from fleetlite.strategies.sync_batch_norm import SyncBatchNorm
 from fleetlite.strategies.sync_nccl_allreduce import SyncNcclAllReduce
+from fleetlite.strategies.topk import TopkExchange
 
 REGISTRY = (
     DataParallel,
@@ -38,6 +39,7 @@ REGISTRY = (
     FuseAllOptimizerOps,
     OpFusion,
     ScaleGradient,
+    TopkExchange,
     ExecutorThreads,
     SequentialExecution,
     InplaceReuse,

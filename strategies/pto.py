@@ -116,9 +116,6 @@ class Pto(Pass):
     name = "pto"
     phase = Phase.UPDATE_REWRITE
     before = ("build_strategy.fuse_all_optimizer_ops", "gradient_merge_update")
-    conflicts = {"topk": "the top-k exchange (built on a parallel branch) has not been trained with the sharded "
-                         "update, and on GPU its all_gather of values and indices is not a bucket all-reduce that "
-                         "pto can turn into a reduce-scatter; refused until a parity test covers the pair"}
     reads = ("pto", "pto_configs.partition", "pto_configs.allgather_bucket_MB", "sharding",
              "sharding_configs.sharding_degree", "sharding_configs.stage", "sharding_configs.segment_broadcast_MB",
              "sharding_configs.sharding_segment_strategy")
