@@ -151,3 +151,13 @@ def test_sharding_refuses_other_stages_and_hybrid_degrees(configs, words):
     s.sharding_configs = configs
     with pytest.raises(StrategyConflictError, match=words):
         s.validate(Topology.grid(2, 1))
+
+
+def test_gpu_with_topk_keeps_the_top_k_all_gathers_and_reduce_scatters_the_bucketed_rest():
+    main, _, report = compile_adam(Topology.grid(2, 1, rank=1, device="gpu"), topk=True,
+                                   topk_configs={"density": 0.1, "min_numel": 100})
+    names = [op.name() for op in main.global_block().ops]
+    assert report.applied.index("topk") < report.applied.index("pto")
+    assert names.count("pd_op.all_gather") == 4            # values and indices of the two weights
+    assert names.count("pd_op.reduce_scatter") == 1        # the two biases' bucket
+    assert updated(main) == ["linear_0.b_0", "linear_1.b_0", "linear_1.w_0"]
