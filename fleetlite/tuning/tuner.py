@@ -86,6 +86,9 @@ def tune(spec, environ, stop, out=None):
             say(f"the starting strategy's trial did not complete ({result.stopped}): nothing to compare "
                 f"against; see {directory}")
             return 1
+    if stop.is_set():
+        say(f"stopped by {stop.reason} after {len(results)} trials: {options.strategy_file} left unchanged")
+        return 128 + stop.signum
     if not results:
         say("no trial fits in the budget: raise --budget")
         return 1
