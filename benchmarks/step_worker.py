@@ -27,22 +27,25 @@ def data(batch):
     return rng.rand(batch, SIZES[0]).astype("float32"), rng.randint(0, SIZES[-1], (batch, 1)).astype("int64")
 
 
-def fleetlite_static(batch):
+def fleetlite_static(batch, model=mlp, sample_shape=(SIZES[0],), make_data=data, **strategy_fields):
+    """`model` trained by fleetlite with the cpu_gloo.yaml preset plus `strategy_fields`."""
     import paddle
     import fleetlite as fleet
     paddle.enable_static()
     paddle.base.core.set_num_threads(1)
     fleet.init(is_collective=True)
     strategy = fleet.DistributedStrategy.load("../configs/cpu_gloo.yaml")
+    for name, value in strategy_fields.items():
+        setattr(strategy, name, value)
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(main, startup):
-        x = paddle.static.data("x", [None, SIZES[0]], "float32")
+        x = paddle.static.data("x", [None, *sample_shape], "float32")
         y = paddle.static.data("y", [None, 1], "int64")
-        loss = paddle.nn.functional.cross_entropy(mlp(paddle.nn)(x), y)
+        loss = paddle.nn.functional.cross_entropy(model(paddle.nn)(x), y)
         fleet.distributed_optimizer(paddle.optimizer.SGD(0.01), strategy).minimize(loss)
     exe = paddle.static.Executor(paddle.CPUPlace())
     exe.run(startup)
-    xs, ys = data(batch)
+    xs, ys = make_data(batch)
 
     def step():
         for _ in range(STEPS):

@@ -5,14 +5,31 @@ Bad input ends with one line naming the cause and the fix, and exit status 2; ne
 import argparse
 import sys
 
+from fleetlite import strategy_files
 from fleetlite.errors import FleetliteError
 from fleetlite.strategy import DistributedStrategy
 from fleetlite.topology import Topology
 
 def validate(args):
+    """Each file: one error line (exit 2 if any), or ok and the knobs compile will skip."""
+    failed = False
     for path in args.files:
-        DistributedStrategy.load(path).validate()
-        print(f"{path}: ok")
+        try:
+            strategy = DistributedStrategy.load(path, allow_empty=args.allow_empty)
+            try:
+                strategy.validate()
+                from fleetlite.compiler import check_knobs  # imports Paddle: only once the file is good
+                _, _, skipped = check_knobs(strategy)
+            except FleetliteError as exc:
+                raise strategy_files.in_file(path, exc) from None
+        except FleetliteError as exc:
+            print(f"fleetlite: error: {exc}", file=sys.stderr)
+            failed = True
+            continue
+        print(f"{path}: ok" + (f"; compile will skip {len(skipped)} knob(s) no pass acts on:" if skipped else ""))
+        for knob, reason in skipped:
+            print(f"  {knob}: {reason}")
+    return 2 if failed else 0
 
 
 def show(args):
@@ -43,7 +60,11 @@ def convert(args):
 def explain(args):
     strategy = DistributedStrategy.load(args.strategy) if args.strategy else DistributedStrategy()
     topology = Topology.grid(args.world, args.nodes, rank=args.rank, device=args.device)
-    from fleetlite.explain import explain as compile_report  # imports Paddle: only once the input is good
+    from fleetlite import paddle_noise
+    with paddle_noise.importing_paddle():     # Paddle is imported only once the input is good
+        import paddle
+        from fleetlite.explain import explain as compile_report
+    paddle_noise.drop_empty_out(paddle._C_ops)
     report = compile_report(strategy, topology, args.model)
     print(report.to_json() if args.json else report.table())
 
@@ -53,8 +74,10 @@ def build_parser():
     top = parser.add_subparsers(dest="group", required=True)
     group = top.add_parser("strategy", help="validate, show, diff or convert strategy files")
     sub = group.add_subparsers(dest="command", required=True)
-    v = sub.add_parser("validate", help="check files against the schema")
+    v = sub.add_parser("validate", help="check files against the schema and the compile-time rules")
     v.add_argument("files", nargs="+")
+    v.add_argument("--allow-empty", action="store_true",
+                   help="accept a file that sets no field (a strategy at all defaults)")
     v.set_defaults(handler=validate)
     s = sub.add_parser("show", help="print the fields that differ from the defaults")
     s.add_argument("file")

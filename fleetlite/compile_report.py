@@ -2,8 +2,9 @@
 
 One record per registered pass (applied, skipped with the reason, or off) and one per
 requested knob that no pass reads, so every knob the user set shows up with what became of
-it. The same data prints as a table (rank 0 at `minimize`, `fleetlite explain`) and dumps as
-JSON (`fleetlite explain --json`, tests).
+it. The same data prints as a table (rank 0 at `minimize`, `fleetlite explain`: a row per pass
+applied or skipped, the knobs that are off named in one line) and dumps as JSON, every record
+in full (`fleetlite explain --json`, tests).
 """
 import json
 from dataclasses import asdict, dataclass, field
@@ -54,10 +55,15 @@ class CompileReport:
         lines = [f"fleetlite compile report: {self.topology}"]
         rows = [("#", "pass", "phase", "status", "ops", "what happened")]
         for r in self.records:
+            if r.status == OFF:
+                continue
             ops = f"+{len(r.ops_added)} -{len(r.ops_removed)}" if r.status == APPLIED else ""
             what = r.summary if r.status == APPLIED else (r.reason or "")
             rows.append((str(r.order or "-"), r.name, r.phase, r.status, ops, what))
         lines += _columns(rows)
+        off = [r.name for r in self.records if r.status == OFF]
+        if off:
+            lines.append("off: " + ", ".join(off))
         configs = [f"  {r.name}: " + ", ".join(f"{k}={v!r}" for k, v in r.config.items())
                    for r in self.records if r.config and r.status != OFF]
         if configs:

@@ -19,8 +19,9 @@ A failure inside a pass is re-raised as "in pass X (after A, B)".
 FORWARD_REWRITE passes (AMP's casts) must see the forward before backward exists, so that
 backward differentiates what they built. `training_program.build` therefore hands compile the
 loss and a `backward` function instead of gradients: the forward passes run, then backward (of
-the loss they leave, e.g. AMP's scaled loss), then the rest. Given gradients, the forward passes
-are skipped with that reason.
+the loss they leave, e.g. AMP's scaled loss), then each applied forward pass checks the backward
+built from its rewrite (`Pass.check_backward`), then the rest. Given gradients, the forward
+passes are skipped with that reason.
 
 UPDATE_REWRITE passes (gradient merge's conditional branch, merged_adam_) rewrite the optimizer
 update, so they need it built: given an `update` function (the inner optimizer's
@@ -47,13 +48,7 @@ def compile(program, params_grads, strategy, topology, registry=REGISTRY, loss=N
     builds the optimizer update; compile calls it before the UPDATE_REWRITE passes.
     """
     strategy.validate(topology)
-    passes = [cls(strategy) for cls in registry]
-    enabled = [p for p in passes if p.enabled()]
-    check_combination(enabled)
-    unclaimed = unclaimed_knobs(strategy, {field for p in passes for field in p.reads})
-    if strategy.strict and unclaimed:
-        knob, reason = unclaimed[0]
-        raise CompileError(f"strict: {knob} was requested but {reason}; remove it or set strict: false")
+    passes, enabled, unclaimed = check_knobs(strategy, registry)
     context = CompileContext(program, strategy, topology, [])
     context.loss = loss
     ordered = order_passes(enabled)
@@ -63,6 +58,8 @@ def compile(program, params_grads, strategy, topology, registry=REGISTRY, loss=N
     report.records = _run_passes(forward, context, state)
     if backward is not None:
         params_grads = _differentiate(backward, context, state.done)
+        for applied in (p for p in forward if p.name in state.done):
+            applied.check_backward(context)
     context.gradients = gradients_in_ready_order(program, params_grads)
     rest = ordered[len(forward):]
     before_update = [p for p in rest if p.phase < Phase.UPDATE_REWRITE]
@@ -130,6 +127,22 @@ def gradients_in_ready_order(program, params_grads):
     pairs = [(p, g) for p, g in params_grads if g is not None]
     pairs.sort(key=lambda pg: (position[pg[1].get_defining_op().id()], pg[1].index()))
     return [GradientSync(p.name, p, g, g) for p, g in pairs]
+
+
+def check_knobs(strategy, registry=REGISTRY):
+    """What compile rejects knowing only the strategy, before any program exists: a pass whose
+    requirement is off, two enabled passes that conflict, and (under strict) a knob no pass reads.
+
+    Returns (passes, enabled passes, [(knob, reason)] for the knobs compile will skip).
+    """
+    passes = [cls(strategy) for cls in registry]
+    enabled = [p for p in passes if p.enabled()]
+    check_combination(enabled)
+    unclaimed = unclaimed_knobs(strategy, {field for p in passes for field in p.reads})
+    if strategy.strict and unclaimed:
+        knob, reason = unclaimed[0]
+        raise CompileError(f"strict: {knob} was requested but {reason}; remove it or set strict: false")
+    return passes, enabled, unclaimed
 
 
 def check_combination(enabled):

@@ -5,6 +5,29 @@ raises a subclass of FleetliteError, so CLIs can print one line and exit non-zer
 traceback, and tests can assert on the field that was named.
 """
 import difflib
+import re
+import reprlib
+
+# Values quoted in messages are shortened, so a 1 MiB list or string stays a one-line error.
+_SHORT = reprlib.Repr()
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlevel = 60, 60, 8, 4, 3
+
+
+def shown(value):
+    """repr() of a user value, shortened for an error message."""
+    return _SHORT.repr(value)
+
+
+def closest_name(name, candidates):
+    """The candidate `name` most likely meant: same spelling in another case first, then difflib's
+    closest (compared case-insensitively, so 'fuse_grad_size_in_mb' finds 'fuse_grad_size_in_MB')."""
+    by_lower = {}
+    for candidate in candidates:
+        by_lower.setdefault(candidate.lower(), candidate)
+    if name.lower() in by_lower:
+        return by_lower[name.lower()]
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    return by_lower[close[0]] if close else None
 
 
 class FleetliteError(Exception):
@@ -24,9 +47,8 @@ class UnknownFieldError(StrategyError, AttributeError):
     """A field name that the schema does not have (a typo, or a Fleet field fleetlite dropped)."""
 
     def __init__(self, field, candidates, where="DistributedStrategy"):
-        leaf = field.rsplit(".", 1)[-1]
-        close = difflib.get_close_matches(leaf, list(candidates), n=1, cutoff=0.6)
-        fix = f"did you mean '{close[0]}'?" if close else f"valid fields of {where}: {', '.join(sorted(candidates))}"
+        close = closest_name(field.rsplit(".", 1)[-1], candidates)
+        fix = f"did you mean '{close}'?" if close else f"valid fields of {where}: {', '.join(sorted(candidates))}"
         super().__init__(f"unknown strategy field '{field}'", field=field, fix=fix)
 
 
@@ -35,7 +57,8 @@ class FieldTypeError(StrategyError, TypeError):
 
     def __init__(self, field, value, expected):
         super().__init__(
-            f"strategy field '{field}' expects {expected}, got {type(value).__name__} {value!r}",
+            f"strategy field '{field}' expects {expected}, got "
+            + ("nothing (null)" if value is None else f"{type(value).__name__} {shown(value)}"),
             field=field, value=value, fix=f"set it to {expected}")
 
 
@@ -43,7 +66,7 @@ class FieldRangeError(StrategyError):
     """A value outside its field's allowed range or choices."""
 
     def __init__(self, field, value, allowed):
-        super().__init__(f"strategy field '{field}' = {value!r} is out of range",
+        super().__init__(f"strategy field '{field}' = {shown(value)} is out of range",
                          field=field, value=value, fix=f"allowed: {allowed}")
 
 
@@ -52,12 +75,16 @@ class StrategyConflictError(StrategyError):
 
 
 class StrategyFileError(FleetliteError):
-    """A strategy file that cannot be read: missing, malformed, or with a bad field at a line."""
+    """A strategy file that cannot be read: missing, malformed, or with a bad field at a line.
+
+    Always one line: `path:line: cause; fix` (a path with control characters is quoted).
+    """
 
     def __init__(self, path, message, line=None):
         self.path, self.line = path, line
-        where = f"{path}:{line}" if line is not None else str(path)
-        super().__init__(f"{where}: {message}")
+        name = str(path) if str(path).isprintable() else ascii(str(path))
+        where = f"{name}:{line}" if line is not None else name
+        super().__init__(f"{where}: " + re.sub(r"\s*[\r\n]\s*", " ", str(message)))
 
 
 class TopologyError(FleetliteError):

@@ -111,8 +111,19 @@ def check_gloo(block):
 
 
 def check_optimizer_reads_synced(block, gradients):
-    """After apply_gradients: each optimizer op reads its parameter's reduced gradient, never the raw one."""
+    """After apply_gradients: each optimizer op's gradient derives from its parameter's reduced
+    gradient, and from gradients only through reduced ones.
+
+    What the optimizer adds between the reduce and the update (gradient clipping, weight decay)
+    may read any reduced gradient — a global-norm clip reads all of them — and the parameters;
+    a path to a raw gradient that no reduction crosses (a norm of this rank's own gradients)
+    would make the ranks update differently, so it is an error naming both parameters.
+    """
     position = {op.id(): i for i, op in enumerate(block.ops)}
+    reduced = {program_edit.key(g.synced) for g in gradients}
+    raw = {program_edit.key(g.grad): g for g in gradients}
+    floor = min((position[g.grad.get_defining_op().id()] for g in gradients), default=0)
+    unreduced_source = _UnreducedSource(reduced, raw, position, floor)
     for op in block.ops:
         names = op.get_input_names() if op.name().startswith("pd_op.") else ()
         if "param" not in names or "grad" not in names:
@@ -121,20 +132,46 @@ def check_optimizer_reads_synced(block, gradients):
         grad = next((g for g in gradients if g.param.is_same(param)), None)
         if grad is None:
             continue
-        floor = position[grad.grad.get_defining_op().id()]
-        if not _reads(op.operand_source(names.index("grad")), grad, position, floor, {}):
+        read = op.operand_source(names.index("grad"))
+        leaked = unreduced_source(read)
+        if leaked is not None:
+            whose = "the gradient" if leaked is grad else f"the gradient of {leaked.name}"
+            raise CompileError(f"the optimizer update of {grad.name} reads {whose} before it is reduced")
+        if not _derives_from(read, grad.synced, position, floor, {}):
             raise CompileError(f"{op.name()} for {grad.name} does not read the reduced gradient")
 
 
-def _reads(value, grad, position, floor, memo):
-    """True if `value` derives from grad.synced and not from the raw grad around it."""
-    if value.is_same(grad.synced):
+class _UnreducedSource:
+    """value -> the GradientSync whose raw gradient it reads without a reduction between, or None."""
+
+    def __init__(self, reduced, raw, position, floor):
+        self.reduced, self.raw, self.position, self.floor = reduced, raw, position, floor
+        self.memo = {}
+
+    def __call__(self, value):
+        value_key = program_edit.key(value)
+        if value_key in self.reduced:
+            return None
+        if value_key in self.raw:
+            return self.raw[value_key]
+        op = value.get_defining_op()
+        if op is None or self.position[op.id()] < self.floor:
+            return None
+        if op.id() not in self.memo:
+            self.memo[op.id()] = None
+            sources = (self(source) for source in op.operands_source())
+            self.memo[op.id()] = next((found for found in sources if found is not None), None)
+        return self.memo[op.id()]
+
+
+def _derives_from(value, target, position, floor, memo):
+    """True if some path leads from `target` to `value` (only ops from `floor` on are walked)."""
+    if value.is_same(target):
         return True
-    if value.is_same(grad.grad):
-        raise CompileError(f"the optimizer update of {grad.name} reads the gradient before it is reduced")
     op = value.get_defining_op()
-    if op is None or position[op.id()] < floor or op.id() in memo:
-        return memo.get(op.id(), False) if op is not None else False
-    memo[op.id()] = False
-    memo[op.id()] = any([_reads(source, grad, position, floor, memo) for source in op.operands_source()])
+    if op is None or position[op.id()] < floor:
+        return False
+    if op.id() not in memo:
+        memo[op.id()] = False
+        memo[op.id()] = any(_derives_from(source, target, position, floor, memo) for source in op.operands_source())
     return memo[op.id()]

@@ -3,8 +3,12 @@
 The schema accepts every Fleet knob so Fleet strategy files load unchanged, but fleetlite
 implements them one pass at a time. A knob set to a non-default value that no registered
 pass reads must not vanish: the compile report lists it as skipped with the reason (and
-`strict: true` makes that an error).
+`strict: true` makes that an error). A knob that would be skipped still cannot be combined with
+one it contradicts: that pair is an error at validate(), so a file never reads as "ok" while
+asking for two things that cannot both hold.
 """
+from fleetlite.errors import StrategyConflictError
+
 # Not compile knobs: other parts of fleetlite read them.
 ELSEWHERE = ("strict", "split_data", "data_configs")
 
@@ -23,6 +27,24 @@ NO_WORK = {
     "fuse_grad_size_in_num": "it sizes fuse_grad_merge's groups, which fleetlite does not build (see fuse_grad_merge)",
 }
 NOT_YET = "no fleetlite pass implements it yet"
+
+# Pairs of knobs that contradict each other, where at least one has no fleetlite pass (pairs of
+# implemented passes declare theirs in `Pass.conflicts`).
+CONFLICTING_KNOBS = {
+    ("amp", "dgc"): "Fleet refuses DGC under AMP (its AMP optimizer black-lists DGC)",
+    ("fp16_allreduce", "dgc"): "DGC sends sparse top-k values, not the dense all-reduce that fp16_allreduce casts",
+    ("topk", "dgc"): "both replace the dense gradient all-reduce with a sparse exchange",
+    ("localsgd", "adaptive_localsgd"): "both set the local SGD period (a fixed or an adaptive k)",
+    ("lars", "lamb"): "LARS rewrites a Momentum update and LAMB an Adam update; an optimizer is one or the other",
+}
+
+
+def check_conflicting_knobs(strategy):
+    """Raise StrategyConflictError for the first pair of CONFLICTING_KNOBS that are both on."""
+    for (first, second), reason in CONFLICTING_KNOBS.items():
+        if getattr(strategy, first) and getattr(strategy, second):
+            raise StrategyConflictError(f"'{first}' and '{second}' cannot be used together: {reason}",
+                                        field=second, value=True, fix=f"turn '{first}' or '{second}' off")
 
 
 def unclaimed_knobs(strategy, claimed):

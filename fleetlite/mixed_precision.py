@@ -11,6 +11,13 @@ optimizer updates.
 Which ops run low is the caller's decision (`cast_forward(..., runs_low)`); what can be
 retyped is decided here: ops that set their own dtype (`cast`, `full`, ...), builtin and
 control-flow ops, and ops with non-tensor float results are left as they are.
+
+bfloat16 on CPU runs on oneDNN kernels, and two of Paddle 3.3.1's oneDNN bfloat16 gradient
+kernels write every gradient without checking that backward asked for it: `MatmulGradKernel`
+(paddle/phi/kernels/onednn/matmul_grad_kernel.cc) and `PReluGradKernel`. A bfloat16 matmul whose
+operand needs no gradient (the input batch, a frozen weight) gets a null output and the process
+dies with SIGSEGV in `DenseTensor::operator=`. `ask_for_every_gradient` routes around it before
+backward; `missing_gradients` finds any case left after it (an operand in the user's no_grad_set).
 """
 import contextlib
 
@@ -84,6 +91,30 @@ def cast_forward(context, ops, low_dtype, runs_low):
                 if is_low(operand.source()):
                     operand.set_source(cast(op, operand.source(), FLOAT32, to_float32))
     return low_ops, casts
+
+
+UNCHECKED_GRADIENTS = {"matmul": "pd_op.matmul_grad", "prelu": "pd_op.prelu_grad"}   # op: its oneDNN grad op
+
+
+def ask_for_every_gradient(low_ops):
+    """Mark every float operand of the UNCHECKED_GRADIENTS ops among `low_ops` as needing a gradient,
+    so backward builds their grad ops with all outputs (one extra product for an operand that
+    needs none; its producer is off the path from the parameters, so nothing further is
+    differentiated). Returns how many operands were marked."""
+    marked = 0
+    for op in low_ops:
+        if name_of(op) in UNCHECKED_GRADIENTS:
+            for source in float_operands(op):
+                if source.stop_gradient:
+                    source.stop_gradient = False
+                    marked += 1
+    return marked
+
+
+def missing_gradients(block, low_dtype):
+    """The UNCHECKED_GRADIENTS grad ops of `block` in `low_dtype` that lack a gradient output."""
+    return [op for op in block.ops if op.name() in UNCHECKED_GRADIENTS.values()
+            and _dtype(op.operand_source(0)) == low_dtype and not all(r.initialized() for r in op.results())]
 
 
 def _dtype(value):

@@ -5,6 +5,7 @@ which checks the field name, the Python type and the range rule, so no path into
 can store a value the compiler would misread. Reads go through `read`, which turns float32
 noise into the number the user wrote and sub-messages into live `ConfigSection` views.
 """
+import math
 import struct
 from collections.abc import Mapping, MutableMapping
 
@@ -16,6 +17,11 @@ from fleetlite.field_rules import RULES
 _INT_TYPES = {FD.TYPE_INT32, FD.TYPE_INT64, FD.TYPE_UINT32, FD.TYPE_UINT64,
               FD.TYPE_SINT32, FD.TYPE_SINT64}
 _FLOAT_TYPES = {FD.TYPE_FLOAT, FD.TYPE_DOUBLE}
+# What the proto type can hold, checked before the rule so no value fails inside protobuf.
+_INT_BOUNDS = {FD.TYPE_INT32: ("int32", -2**31, 2**31 - 1), FD.TYPE_SINT32: ("int32", -2**31, 2**31 - 1),
+               FD.TYPE_INT64: ("int64", -2**63, 2**63 - 1), FD.TYPE_SINT64: ("int64", -2**63, 2**63 - 1),
+               FD.TYPE_UINT32: ("uint32", 0, 2**32 - 1), FD.TYPE_UINT64: ("uint64", 0, 2**64 - 1)}
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _is_repeated(field):
@@ -68,7 +74,10 @@ def _scalar(field, value, path):
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif field.type in _FLOAT_TYPES:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
+        try:
+            value = float(value) if ok else value
+        except OverflowError:   # an integer with hundreds of digits
+            raise FieldRangeError(path, value, _type_limits(field, RULES.get(path))) from None
     elif field.type == FD.TYPE_ENUM:
         names = field.enum_type.values_by_name
         ok = isinstance(value, str) and value in names
@@ -76,9 +85,42 @@ def _scalar(field, value, path):
     if not ok:
         raise FieldTypeError(path, value, _expected(field))
     rule = RULES.get(path)
+    if not _fits_type(field, value):
+        raise FieldRangeError(path, value, _type_limits(field, rule))
     if rule is not None and not rule.allows(value):
         raise FieldRangeError(path, value, rule.describe())
     return value
+
+
+def _fits_type(field, value):
+    """Whether the proto type holds `value`: int32 range, a finite float32, ..."""
+    if field.type in _INT_BOUNDS:
+        _, low, high = _INT_BOUNDS[field.type]
+        return low <= value <= high
+    if field.type in _FLOAT_TYPES:
+        return math.isfinite(value) and (field.type == FD.TYPE_DOUBLE or abs(value) <= FLOAT32_MAX)
+    return True
+
+
+def _type_limits(field, rule):
+    """What the field's type holds (with its rule, if any), for a value outside the type."""
+    if field.type in _INT_BOUNDS:
+        name, low, high = _INT_BOUNDS[field.type]
+        limits = f"an {name}, from {low} to {high}"
+    else:
+        magnitude = f", magnitude at most {FLOAT32_MAX:.4g}" if field.type == FD.TYPE_FLOAT else ""
+        limits = f"a finite number (not inf or nan{magnitude})"
+    return limits if rule is None else f"{rule.describe()}, and {limits}"
+
+
+def check_value(descriptor, path, value):
+    """Check `value` for the dotted field `path` under `descriptor` as an assignment would, so a
+    parser's own complaint about a value reads like every other field error."""
+    parts = path.split(".")
+    for index, name in enumerate(parts):
+        field = lookup(descriptor, name, ".".join(parts[:index]))
+        descriptor = field.message_type
+    return _scalar(field, value, path)
 
 
 def assign(message, name, value, path=""):

@@ -5,7 +5,9 @@ get/set, `*_configs` set from dicts, `build_strategy` / `execution_strategy`, pr
 What differs is on purpose: every write is checked (unknown names get a did-you-mean, wrong types
 and ranges name the allowed values), sections are live views, and loads replace instead of merge.
 """
-from fleetlite import schema, strategy_files
+import functools
+
+from fleetlite import knob_accounting, schema, strategy_files
 from fleetlite.errors import StrategyConflictError
 from fleetlite.proto import strategy_pb2
 
@@ -74,9 +76,9 @@ class DistributedStrategy:
         strategy_files.save(self._proto, path)
 
     @classmethod
-    def load(cls, path):
-        """A strategy from a .yaml/.yml or .prototxt file."""
-        return cls(strategy_files.load(path))
+    def load(cls, path, allow_empty=True):
+        """A strategy from a .yaml/.yml or .prototxt file (allow_empty=False: one setting no field is an error)."""
+        return cls(strategy_files.load(path, allow_empty=allow_empty))
 
     # --- inspection -----------------------------------------------------------------------
     def to_dict(self, present_only=True):
@@ -84,7 +86,7 @@ class DistributedStrategy:
 
     def non_default(self):
         """{dotted field: value} for every field whose value differs from the schema default."""
-        defaults = schema.flatten(schema.to_dict(strategy_pb2.DistributedStrategy(), False))
+        defaults = _schema_defaults()
         current = schema.flatten(self.to_dict(False))
         return {k: v for k, v in current.items() if defaults.get(k) != v}
 
@@ -122,9 +124,24 @@ class DistributedStrategy:
             if getattr(self._proto, field):
                 raise StrategyConflictError(f"'{field}' is set but {reason}", field=field,
                                             value=True, fix=f"set {field}: false")
+        knob_accounting.check_conflicting_knobs(self)
+        _load_pass_checks()
         for check in _CROSS_FIELD_CHECKS:
             check(self, topology)
         return self
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_defaults():
+    """{dotted field: default} of the schema (fixed for the process; compile asks often)."""
+    return schema.flatten(schema.to_dict(strategy_pb2.DistributedStrategy(), False))
+
+
+def _load_pass_checks():
+    """Import the pass registry: its modules register their cross-field checks at import, and
+    validate() must run them even where nothing has compiled yet (`fleetlite strategy validate`).
+    Imports Paddle, so only once the fields themselves are good."""
+    import fleetlite.strategies  # noqa: F401
 
 
 def BuildStrategy():

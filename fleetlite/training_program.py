@@ -3,9 +3,11 @@
 `build` is what `DistributedOptimizer.minimize` and `fleetlite explain` share: compile (its
 forward passes, backward, the rest, and the inner optimizer's `apply_gradients` on the reduced
 gradients before the passes that rewrite the update), then the startup program broadcasts every
-parameter from rank 0, so ranks start identical whatever their seeds. Ops carry Paddle's op
-roles (forward 0, backward and gradient communication 1, optimizer 2), which plain PIR programs
-leave at -1.
+parameter from rank 0, so ranks start identical whatever their seeds. The optimizer's gradient
+clip and weight decay are part of `apply_gradients`, so they read the reduced gradients: a
+global norm is the norm of the averaged gradient, as in one process (`gradient_clip` builds the
+clip Paddle cannot build in PIR). Ops carry Paddle's op roles (forward 0, backward and
+gradient communication 1, optimizer 2), which plain PIR programs leave at -1.
 """
 from dataclasses import dataclass
 from typing import Any, List
@@ -13,7 +15,7 @@ from typing import Any, List
 import paddle
 from paddle.base.framework import pir_op_role_guard
 
-from fleetlite import compiler, program_edit
+from fleetlite import compiler, gradient_clip, paddle_noise, program_edit
 from fleetlite.compile_report import CompileReport
 
 BROADCAST = "broadcast_parameters"
@@ -32,13 +34,13 @@ def build(loss, optimizer, strategy, topology, startup_program=None, parameter_l
     program_edit.tag_untagged_roles(main.global_block(), program_edit.FORWARD)
 
     def backward(differentiated_loss):
-        with pir_op_role_guard(program_edit.BACKWARD):
+        with pir_op_role_guard(program_edit.BACKWARD), paddle_noise.differentiating():
             return optimizer.backward(differentiated_loss, startup, parameter_list, no_grad_set)
 
     def update(reduced, found_inf):
         if found_inf is not None:   # Paddle's Adam family then skips the step, moments included
             optimizer._set_auxiliary_var("found_inf", found_inf)
-        with pir_op_role_guard(program_edit.OPTIMIZE):
+        with pir_op_role_guard(program_edit.OPTIMIZE), gradient_clip.buildable(optimizer):
             optimizer.apply_gradients(reduced)
 
     with paddle.static.program_guard(main, startup):     # state a pass creates is initialised in `startup`

@@ -9,10 +9,12 @@ It runs the user's unchanged script as `__main__` and adds what the launcher nee
   timeout can name the ranks that were behind;
 - SIGTERM (fleetrun stopping the job) ends the worker quietly, not with Paddle's crash report;
 - ranks on the store's host other than rank 0 wait until the store listens before they connect:
-  Paddle's store client retries only every 3 s, so connecting early costs seconds.
+  Paddle's store client retries only every 3 s, so connecting early costs seconds;
+- Paddle's start-up messages that are no user's business stay out of the log (paddle_noise).
 The Paddle hooks are installed the moment the script imports paddle; a script that never does
 pays nothing for them.
 """
+import contextlib
 import ctypes
 import functools
 import importlib.abc
@@ -24,7 +26,7 @@ import signal
 import sys
 import traceback
 
-from fleetlite import env_contract
+from fleetlite import env_contract, paddle_noise
 from fleetlite.launcher import ports, worker_records
 
 PR_SET_PDEATHSIG = 1
@@ -41,10 +43,11 @@ def die_with_launcher(environ):
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Calls `callback(module)` right after module `name` is first imported."""
+    """Calls `callback(module)` right after module `name` is first imported; the module itself runs
+    inside the context manager `around()`."""
 
-    def __init__(self, name, callback):
-        self.name, self.callback = name, callback
+    def __init__(self, name, callback, around=contextlib.nullcontext):
+        self.name, self.callback, self.around = name, callback, around
 
     def find_spec(self, fullname, path, target=None):
         if fullname != self.name:
@@ -56,7 +59,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         execute = spec.loader.exec_module
 
         def execute_then_call_back(module):
-            execute(module)
+            with self.around():
+                execute(module)
             self.callback(module)
 
         spec.loader.exec_module = execute_then_call_back
@@ -99,6 +103,7 @@ def instrument_paddle(paddle, environ):
     # Paddle's fatal-signal handler turns fleetrun's SIGTERM into a C++ "FatalError: Termination
     # signal" report, which would read like a crash in the log of every rank that was only stopped.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    paddle_noise.drop_empty_out(paddle._C_ops)
     progress_file = environ.get(env_contract.PROGRESS_FILE)
     if progress_file:
         progress = worker_records.ProgressWriter(progress_file)
@@ -136,7 +141,8 @@ def main(argv=None, environ=os.environ):
     script, *args = sys.argv[1:] if argv is None else argv
     if not die_with_launcher(environ):
         return 1
-    sys.meta_path.insert(0, _AfterImport("paddle", lambda paddle: instrument_paddle(paddle, environ)))
+    sys.meta_path.insert(0, _AfterImport("paddle", lambda paddle: instrument_paddle(paddle, environ),
+                                         around=paddle_noise.importing_paddle))
     script = os.path.abspath(script)
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(script)

@@ -13,7 +13,12 @@ casts, so backward differentiates them and parameters stay the float32 master co
   fp16_guard leaves no mark on PIR ops).
 - Always float32: ops that read a value named in custom_black_varnames, in-place ops (a cast
   operand would receive the write: batch_norm_ would stop updating its running statistics), and
-  the op that computes the loss, so the loss the user fetches keeps its dtype.
+  the loss computation (`loss_computation`: the ops after the last one that reads a parameter,
+  e.g. cross_entropy and mean), so the loss the user fetches keeps its dtype and its gradient
+  starts in float32 (Paddle has no bfloat16 cross_entropy_with_softmax_grad on CPU).
+- bfloat16 on CPU: every low matmul (and prelu) is asked for all its gradients (mixed_precision
+  explains the oneDNN crash this avoids), and compile refuses a program whose backward still
+  lacks one.
 With float16, the pass creates the loss scale (persistable, init_loss_scaling) and backward
 differentiates loss x scale, so small gradients do not flush to zero in float16. bfloat16 has
 float32's exponent range and is not scaled (as in Paddle).
@@ -84,6 +89,10 @@ def check_amp_configs(strategy, topology):
     if not strategy.amp:
         return
     configs = strategy.amp_configs
+    if configs.use_optimizer_fp16:
+        raise StrategyConflictError("amp_configs.use_optimizer_fp16 is not implemented: optimizer state stays "
+                                    "float32 next to the float32 master parameters",
+                                    field="amp_configs.use_optimizer_fp16", value=True, fix="set it to false")
     if configs.use_pure_fp16 and configs.use_pure_bf16:
         raise StrategyConflictError("amp_configs.use_pure_fp16 and use_pure_bf16 ask for two O2 dtypes",
                                     field="amp_configs.use_pure_bf16", value=True,
@@ -120,21 +129,33 @@ class Amp(Pass):
 
     def apply(self, context):
         configs = self.strategy.amp_configs
-        if configs.use_optimizer_fp16:
-            raise CompileError("amp_configs.use_optimizer_fp16 is not implemented: optimizer state stays "
-                               "float32 next to the float32 master parameters; set it to false")
         dtype, amp_level = low_dtype(configs), level(configs)
         ops = list(context.block.ops)
         low_ops, casts = mixed_precision.cast_forward(context, ops, getattr(paddle, dtype),
                                                       self._precision_rule(configs, ops, context.loss))
         details = {"dtype": dtype, "level": amp_level, "casts": casts,
                    "low_ops": dict(collections.Counter(mixed_precision.name_of(op) for op in low_ops))}
+        if on_onednn(dtype, context.topology):
+            details["operands_asked_for_gradients"] = mixed_precision.ask_for_every_gradient(low_ops)
         summary = f"{amp_level} {dtype}: {len(low_ops)} ops in {dtype}, {casts} casts"
         if scales_loss(configs):
             context.loss_scaling = self._scale_loss(context, configs)
             details["loss_scaling"] = context.loss_scaling.scale.name
             summary += f"; backward differentiates loss x {context.loss_scaling.scale.name} (init {configs.init_loss_scaling:g})"
         return PassResult(summary, details)
+
+    def check_backward(self, context):
+        dtype = low_dtype(self.strategy.amp_configs)
+        if not on_onednn(dtype, context.topology):
+            return
+        missing = mixed_precision.missing_gradients(context.block, getattr(paddle, dtype))
+        if missing:
+            names = ", ".join(sorted({op.name().replace("pd_op.", "") for op in missing}))
+            raise CompileError(
+                f"{len(missing)} bfloat16 {names} op(s) lack a gradient output (an operand in no_grad_set?): "
+                f"Paddle 3.3.1's oneDNN bfloat16 gradient kernel writes through it and crashes the process "
+                f"(SIGSEGV); keep those ops in float32 (amp_configs.custom_black_list, or custom_black_varnames "
+                f"with their inputs), or leave their operands out of no_grad_set")
 
     @staticmethod
     def _precision_rule(configs, ops, loss):
@@ -146,11 +167,11 @@ class Amp(Pass):
             raise CompileError("use_fp16_guard is on but no op was built under fleetlite.mixed_precision.fp16_guard() "
                                "(Paddle 3's paddle.static.amp.fp16_guard leaves no mark on PIR ops); wrap the ops "
                                "to run in low precision, or set amp_configs.use_fp16_guard: false")
-        black_values, loss_op = set(configs.custom_black_varnames), loss.get_defining_op().id()
+        black_values, loss_ops = set(configs.custom_black_varnames), loss_computation(loss)
 
         def runs_low(op, is_low):
             name = mixed_precision.name_of(op)
-            if (name in black or name.endswith("_") or op.id() == loss_op
+            if (name in black or name.endswith("_") or op.id() in loss_ops
                     or (guarded and not op.has_attr(mixed_precision.FP16_GUARD)) or _reads_named(op, black_values)):
                 return False
             if name in white or amp_level == "O2":
@@ -215,6 +236,30 @@ class AmpLossScaling(Pass):
             f"{len(grads)} gradients unscaled and checked{agreed}; an overflow zeroes the step and scales by "
             f"{configs.decr_ratio:g} after {configs.decr_every_n_nan_or_inf}, x{configs.incr_ratio:g} after "
             f"{configs.incr_every_n_steps} finite steps", {"gradients": len(grads)})
+
+
+def on_onednn(dtype, topology):
+    """Whether the low ops run on Paddle's oneDNN kernels: bfloat16 on CPU."""
+    return dtype == "bfloat16" and topology.device == "cpu"
+
+
+def loss_computation(loss):
+    """Ids of the ops that turn the model's output into the loss: the op that computes `loss` and,
+    walking back from it, every op up to (not including) the ones that read a parameter."""
+    last = loss.get_defining_op()
+    found, todo = {last.id()}, [source.get_defining_op() for source in last.operands_source()]
+    while todo:
+        op = todo.pop()
+        if op is None or op.id() in found or _reads_parameter(op):
+            continue
+        found.add(op.id())
+        todo += [source.get_defining_op() for source in op.operands_source()]
+    return found
+
+
+def _reads_parameter(op):
+    return any(source.get_defining_op() is not None and source.get_defining_op().name() == "builtin.parameter"
+               for source in op.operands_source())
 
 
 def _reads_named(op, names):

@@ -117,6 +117,10 @@ class Pass(abc.ABC):
     def apply(self, context):
         """Rewrite `context.program`; return a PassResult."""
 
+    def check_backward(self, context):
+        """After backward, for an applied FORWARD_REWRITE pass: raise CompileError if the backward
+        Paddle built from its rewrite cannot run."""
+
 
 def read_field(strategy, dotted):
     """The value of a (possibly dotted) strategy field, e.g. 'gradient_scale_configs.scale_strategy'."""

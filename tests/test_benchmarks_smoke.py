@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import paddle
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -32,3 +34,18 @@ def test_data_loading_driver_runs_its_contenders_and_reports_ratios(tmp_path):
     report = json.loads(out.read_text())
     assert len(report["rows"]) == 8 and all(row["median_ms"] > 0 for row in report["rows"])
     assert {"sampler_fleetlite_vs_paddle", "records_shard_of_2_vs_whole"} <= set(report["ratios"])
+
+
+def test_amp_bf16_driver_measures_where_the_cpu_has_bfloat16_and_says_why_not_elsewhere(tmp_path):
+    out = tmp_path / "amp_bf16.json"
+    result = subprocess.run([sys.executable, "amp_bf16.py", "--rounds", "1", "--warmup", "0", "--reps", "1",
+                             "--json", str(out)], cwd=BENCHMARKS, capture_output=True, text=True, timeout=480)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    if not paddle.base.core.supports_bfloat16():
+        assert result.stdout.startswith("skipped: this CPU has no AVX512-BF16")
+        assert report == {"skipped": result.stdout[len("skipped: "):].strip()}
+        return
+    assert [row["model"] for row in report["rows"]] == ["convnet", "mlp"]
+    assert all(row["fp32"] > 0 and row["bf16"] > 0 for row in report["rows"])
+    assert set(report["ratios"]) == {"S_convnet", "S_mlp"}

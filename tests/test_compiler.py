@@ -11,6 +11,7 @@ import pytest
 
 from fleetlite import (CompileError, DistributedStrategy, StrategyConflictError, Topology, compiler, invariants,
                        program_edit)
+from fleetlite.compile_report import APPLIED, OFF, SKIPPED
 from fleetlite.strategies import REGISTRY
 from fleetlite.strategies.base import CompileContext, Pass, PassResult, Phase
 from fleetlite.strategies.data_parallel import DataParallel
@@ -103,10 +104,10 @@ def test_conflicting_knobs_name_both_fields_the_reason_and_the_fix():
 
 def test_a_no_op_is_skipped_with_its_reason_and_so_are_passes_that_need_it():
     registry = [on_when_set("lamb", applicable=lambda self, topology, program: "not on this topology"),
-                on_when_set("lars", requires=("lamb",))]
-    _, report = compile_with(registry, lamb=True, lars=True)
+                on_when_set("recompute", requires=("lamb",))]
+    _, report = compile_with(registry, lamb=True, recompute=True)
     assert (report.record("lamb").status, report.record("lamb").reason) == ("skipped", "not on this topology")
-    assert report.record("lars").reason == "needs lamb, which was skipped (not on this topology)"
+    assert report.record("recompute").reason == "needs lamb, which was skipped (not on this topology)"
 
 
 def test_strict_turns_a_requested_skip_into_an_error():
@@ -275,3 +276,18 @@ def test_the_report_lists_every_pass_and_dumps_as_json():
                                                            "use_hierarchical_allreduce"]
     assert dumped["records"][1]["config"]["fuse_grad_size_in_MB"] == 32
     assert dumped["rings"] == [{"ring": 0, "kind": "world", "size": 4, "groups": 1, "members": [0, 1, 2, 3]}]
+
+
+def test_the_table_has_a_row_per_pass_applied_or_skipped_and_names_the_knobs_that_are_off_in_one_line():
+    _, report = compile_with(REGISTRY, Topology.grid(4, 2), nccl_comm_num=2)
+    lines = report.table().splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("#  ")))
+    off_line = next(i for i, line in enumerate(lines) if line.startswith("off: "))
+    rows = [line.split()[1] for line in lines[header + 1:off_line]]
+    assert rows == [r.name for r in report.records if r.status in (APPLIED, SKIPPED)]
+    assert {"data_parallel", "fuse_all_reduce_ops", "nccl_comm_num", "gloo_lowering"} <= set(rows)
+    off = [r.name for r in report.records if r.status == OFF]
+    assert "amp" in off and "use_hierarchical_allreduce" in off
+    assert lines[off_line] == "off: " + ", ".join(off) and sum(line.startswith("off") for line in lines) == 1
+    assert not any(f" {OFF} " in line for line in lines[header:off_line])
+    assert [r["name"] for r in json.loads(report.to_json())["records"] if r["status"] == OFF] == off

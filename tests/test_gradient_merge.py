@@ -11,6 +11,7 @@ import pytest
 
 from fleetlite import Topology, program_edit
 from fleetlite.strategies.gradient_merge import ACCUMULATOR_SUFFIX
+from isolated import isolated
 from workers.in_process import compile_only, strategy, train
 
 CPU_4 = Topology.grid(4, 2, rank=3)
@@ -101,6 +102,7 @@ def test_without_avg_the_sum_is_applied_like_a_k_times_larger_learning_rate():
     assert_same_training(merged, whole, 2)
 
 
+@isolated(timeout=180)    # AMP kernels run in this process
 def test_with_amp_the_loss_scale_and_the_update_follow_the_merged_steps():
     recipe = {"custom_black_list": ["matmul", "relu", "elementwise_add"], "init_loss_scaling": 1024.0,
               "incr_every_n_steps": 2}

@@ -21,9 +21,9 @@ def digits(rows):
 
 
 class Mlp(paddle.nn.Layer):
-    def __init__(self):
+    def __init__(self, hidden_weight_attr=None):
         super().__init__()
-        self.hidden = paddle.nn.Linear(64, 32)
+        self.hidden = paddle.nn.Linear(64, 32, weight_attr=hidden_weight_attr)
         self.out = paddle.nn.Linear(32, 10)
 
     def forward(self, x):
