@@ -202,3 +202,13 @@ def test_fleetlite_tune_on_two_cpu_ranks_writes_a_valid_strategy(tmp_path):
     assert verdict, text
     assert strategy.fuse_grad_size_in_MB == (int(verdict.group(2)) if verdict.group(2) else 4)
     assert re.search(r"spread between repeats \(noise\)|no config ran twice", result.stderr)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--tune", "--strategy_file", "s.yaml", "--ips", "127.0.0.1,127.0.0.2", "train.py"],
+    ["--tune", "--strategy_file", "s.yaml", "--ssh", "--ips", "127.0.0.1,127.0.0.2", "train.py"],
+])
+def test_tuning_several_hosts_is_refused_with_the_reason(argv):
+    from fleetlite.tuning.trials import check_tunable
+    with pytest.raises(LaunchError, match="one-host job"):
+        check_tunable(parse_launch_spec(argv, {}))
