@@ -64,7 +64,10 @@ def tune(spec, environ, stop, out=None):
     check_tunable(spec)
     starting = DistributedStrategy.load(options.strategy_file).validate()
     knobs, skipped = space.searched_knobs(job_shape(spec))
-    say = lambda line: print(f"fleetrun --tune: {line}", file=out, flush=True)  # noqa: E731
+
+    def say(line):
+        print(f"fleetrun --tune: {line}", file=out, flush=True)
+
     for field, why in skipped:
         say(f"not searching {field}: {why}")
     start = search.start_config(knobs, schema.flatten(starting.to_dict(False)))
