@@ -42,7 +42,9 @@ bench: $(BENCH_STAMP)
 	cd benchmarks && ../$(PY) gradsync.py --json ../log/bench_gradsync.json
 	cd benchmarks && ../$(PY) step_overhead.py --json ../log/bench_step_overhead.json
 	cd benchmarks && ../$(PY) data_loading.py --json ../log/bench_data_loading.json
+	cd benchmarks && ../$(PY) data_cache.py --json ../log/bench_data_cache.json
 	cd benchmarks && ../$(PY) amp_bf16.py --json ../log/bench_amp_bf16.json
+	cd benchmarks && ../$(PY) topk_select.py --json ../log/bench_topk_select.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info log

@@ -5,7 +5,12 @@ broke it instead of as wrong numbers many steps later.
 - every collective names a ring some pass registered;
 - every trainable gradient reaches the optimizer summed over the world exactly once and
   scaled once (found by walking back from the value the optimizer reads to the gradient:
-  each path must multiply the group sizes of its sums to the world size);
+  each path must multiply the group sizes of its sums to the world size). Only paths of
+  floating-point values count: indices, masks and conditions place values, they are not summed
+  (a top-k exchange selects by them). A sum is an all-reduce or reduce-scatter, or a
+  scatter-add of values all-gathered over a ring (sparse exchange: each rank's pairs, added by
+  index, sum over that ring's group); an all-gather alone only concatenates. Through a
+  `pd_op.if`, every branch's yielded value must pass;
 - on CPU, from the lowering on, the program only uses what gloo runs correctly (`check_gloo`).
 """
 import math
@@ -17,6 +22,7 @@ from fleetlite.errors import CompileError
 from fleetlite.strategies.base import Phase
 
 SUMMING = ("pd_op.all_reduce", "pd_op.all_reduce_", "pd_op.reduce_scatter")
+SCATTER_ADD = "pd_op.scatter_nd_add"
 SCALING = ("pd_op.scale", "pd_op.scale_")
 SUM, AVG = 0, 4   # reduce_types: the one that sums (max/min/prod do not), the one gloo rejects
 
@@ -74,11 +80,27 @@ def _paths(value, target, rings, memo):
     found = set()
     if op is not None and program_edit.provenance(op) is not None:
         summed, scaled = _effect(op, rings)
-        for source in op.operands_source():
+        for source in _value_sources(op, value):
             if source.get_defining_op() is not None or source.is_same(target):
                 found |= {(n * summed, s * scaled) for n, s in _paths(source, target, rings, memo)}
     memo[program_edit.key(value)] = found
     return found
+
+
+def _value_sources(op, result):
+    """The floating-point values `result` of `op` is computed from (a branch op: what each branch yields)."""
+    if op.name() == "pd_op.if":
+        sources = [block.ops[-1].operand_source(result.index()) for block in op.blocks()]
+    else:
+        sources = op.operands_source()
+    return [source for source in sources if source.initialized() and _is_float(source)]
+
+
+def _is_float(value):
+    """Floating point, or a list of values (builtin.combine: its members are checked on the way)."""
+    if not value.is_dense_tensor_type():
+        return True
+    return value.dtype in (paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64)
 
 
 def _effect(op, rings):
@@ -86,9 +108,22 @@ def _effect(op, rings):
     if op.name() in SUMMING and op.attrs().get("reduce_type", SUM) == SUM:
         ring = program_edit.int_attr(op, program_edit.EMULATES, program_edit.int_attr(op, "ring_id"))
         return rings[ring].group_size, 1.0
+    if op.name() == SCATTER_ADD:
+        ring = _gathered_over(op.operand_source(2))
+        return (1, 1.0) if ring is None else (rings[ring].group_size, 1.0)
     if op.name() in SCALING:
         return 1, op.operand_source(1).get_defining_op().attrs()["value"]
     return 1, 1.0
+
+
+def _gathered_over(value):
+    """The ring of the all_gather `value` comes from through casts and reshapes, or None."""
+    op = value.get_defining_op()
+    while op is not None and op.name() in ("pd_op.cast", "pd_op.reshape"):
+        op = op.operand_source(0).get_defining_op()
+    if op is None or op.name() != "pd_op.all_gather":
+        return None
+    return program_edit.int_attr(op, program_edit.EMULATES, program_edit.int_attr(op, "ring_id"))
 
 
 def check_gloo(block):
@@ -125,7 +160,7 @@ def check_optimizer_reads_synced(block, gradients):
     floor = min((position[g.grad.get_defining_op().id()] for g in gradients), default=0)
     unreduced_source = _UnreducedSource(reduced, raw, position, floor)
     for op in block.ops:
-        names = op.get_input_names() if op.name().startswith("pd_op.") else ()
+        names = _input_names(op)
         if "param" not in names or "grad" not in names:
             continue
         param = op.operand_source(names.index("param"))
@@ -139,6 +174,16 @@ def check_optimizer_reads_synced(block, gradients):
             raise CompileError(f"the optimizer update of {grad.name} reads {whose} before it is reduced")
         if not _derives_from(read, grad.synced, position, floor, {}):
             raise CompileError(f"{op.name()} for {grad.name} does not read the reduced gradient")
+
+
+def _input_names(op):
+    """The named inputs of a pd_op (some, such as pd_op.assert, declare none)."""
+    if not op.name().startswith("pd_op."):
+        return ()
+    try:
+        return op.get_input_names()
+    except ValueError:
+        return ()
 
 
 class _UnreducedSource:

@@ -140,8 +140,10 @@ def _schema_defaults():
 def _load_pass_checks():
     """Import the pass registry: its modules register their cross-field checks at import, and
     validate() must run them even where nothing has compiled yet (`fleetlite strategy validate`).
-    Imports Paddle, so only once the fields themselves are good."""
-    import fleetlite.strategies  # noqa: F401
+    Imports Paddle, so only once the fields themselves are good (and without its ccache warning)."""
+    from fleetlite import paddle_noise
+    with paddle_noise.importing_paddle():
+        import fleetlite.strategies  # noqa: F401
 
 
 def BuildStrategy():

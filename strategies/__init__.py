@@ -19,6 +19,7 @@ from fleetlite.strategies.hierarchical_allreduce import HierarchicalAllReduce
 from fleetlite.strategies.scale_gradient import ScaleGradient
 from fleetlite.strategies.sync_batch_norm import SyncBatchNorm
 from fleetlite.strategies.sync_nccl_allreduce import SyncNcclAllReduce
+from fleetlite.strategies.topk import TopkExchange
 
 REGISTRY = (
     DataParallel,
@@ -36,6 +37,7 @@ REGISTRY = (
     FuseAllOptimizerOps,
     OpFusion,
     ScaleGradient,
+    TopkExchange,
     ExecutorThreads,
     SequentialExecution,
     InplaceReuse,

@@ -71,6 +71,7 @@ class CompileContext:
         self.gradients = gradients          # [GradientSync] in ready order (backward's)
         self.loss = None                    # what backward differentiates (FORWARD_REWRITE may replace it)
         self.buckets = []                   # [gradient_buckets.Bucket] in issue order
+        self.exchanged = set()              # indices of gradients a sparse exchange (topk) sends instead
         self.rings = RingTable(topology.world_size)
         self.gradient_scale = None          # factor applied after the sum (None: no scaling)
         self.loss_scaling = None            # AMP's loss-scale state (strategies/amp.LossScaling), if scaled

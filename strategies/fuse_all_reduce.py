@@ -14,6 +14,7 @@ produces the last layer's gradients first):
    `fuse_grad_size_in_MB: 0` gives one bucket per gradient; a gradient larger than the limit
    gets a bucket of its own.
 3. Buckets are issued in the order their last gradient becomes ready.
+Gradients that a sparse exchange sends instead (`topk`) are left out of the plan.
 """
 from fleetlite import gradient_buckets
 from fleetlite.compile_report import human_bytes
@@ -59,10 +60,12 @@ class FuseAllReduce(Pass):
 
     def apply(self, context):
         grads = context.gradients
-        plan = plan_buckets([g.nbytes for g in grads], [g.dtype for g in grads],
+        dense = [i for i in range(len(grads)) if i not in context.exchanged]
+        plan = plan_buckets([grads[i].nbytes for i in dense], [grads[i].dtype for i in dense],
                             self.strategy.fuse_grad_size_in_MB * MiB,
                             int(self.strategy.fuse_grad_size_in_TFLOPS),
                             self.strategy.last_comm_group_size_MB * MiB)
+        plan = [[dense[i] for i in members] for members in plan]
         if plan == [bucket.members for bucket in context.buckets]:
             return PassResult(f"unchanged: the plan keeps {len(plan)} buckets of one gradient",
                               {"buckets": [b.describe(grads) for b in context.buckets]})
@@ -75,5 +78,5 @@ class FuseAllReduce(Pass):
             gradient_buckets.emit(context, bucket)
             context.buckets.append(bucket)
         sizes = ", ".join(human_bytes(b.nbytes) for b in context.buckets)
-        return PassResult(f"{len(grads)} gradients in {len(plan)} bucket{'s' * (len(plan) != 1)} ({sizes})",
+        return PassResult(f"{len(dense)} gradients in {len(plan)} bucket{'s' * (len(plan) != 1)} ({sizes})",
                           {"buckets": [b.describe(grads) for b in context.buckets]})

@@ -36,6 +36,21 @@ def test_data_loading_driver_runs_its_contenders_and_reports_ratios(tmp_path):
     assert {"sampler_fleetlite_vs_paddle", "records_shard_of_2_vs_whole"} <= set(report["ratios"])
 
 
+def test_data_cache_driver_runs_quick_and_reports_every_key(tmp_path):
+    out = tmp_path / "cache.json"
+    result = subprocess.run([sys.executable, "data_cache.py", "--quick", "--json", str(out)],
+                            cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert {"uncached_epoch_s", "epoch1_s", "epoch2_s", "page_cache_epoch_s", "stall_fraction",
+            "resident_bytes_per_node", "sizes", "decode_images_per_s"} <= set(report)
+    for first in report["hits_misses"]["epoch1"]:   # a rank reading ahead may decode a sample the other needs
+        assert first["memory_misses"] + first.get("memory_hits", 0) == 12
+        assert first["memory_misses"] == first["disk_misses"] + first.get("disk_hits", 0)
+    assert report["hits_misses"]["last_cached_epoch"] == [{"memory_hits": 12}] * 2
+    assert report["resident_bytes_per_node"] >= 24 * report["sizes"]["decoded_bytes_per_sample"]
+
+
 def test_amp_bf16_driver_measures_where_the_cpu_has_bfloat16_and_says_why_not_elsewhere(tmp_path):
     out = tmp_path / "amp_bf16.json"
     result = subprocess.run([sys.executable, "amp_bf16.py", "--rounds", "1", "--warmup", "0", "--reps", "1",
@@ -49,3 +64,16 @@ def test_amp_bf16_driver_measures_where_the_cpu_has_bfloat16_and_says_why_not_el
     assert [row["model"] for row in report["rows"]] == ["convnet", "mlp"]
     assert all(row["fp32"] > 0 and row["bf16"] > 0 for row in report["rows"])
     assert set(report["ratios"]) == {"S_convnet", "S_mlp"}
+
+
+def test_topk_select_driver_runs_its_contenders_and_reports_ratios(tmp_path):
+    out = tmp_path / "topk.json"
+    result = subprocess.run(
+        [sys.executable, "topk_select.py", "--sizes", "0.05", "--densities", "0.01", "--rounds", "1", "--warmup", "0",
+         "--json", str(out)], cwd=BENCHMARKS, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    (row,) = report["rows"]
+    assert row["k"] == 500 and row["recall"] == 1.0
+    assert all(row[name] > 0 for name in ("mstopk_static", "mstopk_eager", "numpy_argpartition", "stream"))
+    assert "numpy_argpartition_over_mstopk" in report["ratios"]

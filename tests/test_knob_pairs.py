@@ -4,8 +4,9 @@ full batch, or the pair must raise a conflict error that names both knobs.
 KNOBS holds one setting per knob of the compiler issue (fusion sizes, rings, hierarchical
 all-reduce, sync_nccl_allreduce, the gradient scale) and of the knobs issue (gradient merge,
 optimizer fusion, op fusion, executor flags, steps per run, cuDNN, AMP, fp16 all-reduce, sync
-batch norm); `test_every_registered_pass_is_turned_on_by_some_knob` fails when a pass is
-registered without a setting here. All pairs run in three jobs, each building every pair's
+batch norm), and top-k at density 1 (its exchange, numerically dense);
+`test_every_registered_pass_is_turned_on_by_some_knob` fails when a pass is registered without a
+setting here. All pairs run in three jobs, each building every pair's
 program in-process (workers/knob_pairs_worker.py): one 2-process job and its 1-process
 oracle, and, for pairs with hierarchical all-reduce (it needs two nodes), one 4-process job as
 2 nodes x 2 with its oracle. The model is the digits conv net with batch norm, 4 micro-steps.
@@ -43,6 +44,8 @@ KNOBS = {
     "amp": {"amp": True, "amp_configs": AMP_ON_CPU},
     "fp16_allreduce": {"fp16_allreduce": True},
     "sync_batch_norm": {"sync_batch_norm": True},
+    # density 1 sends every element: the top-k exchange machinery, numerically the dense all-reduce
+    "topk": {"topk": True, "topk_configs": {"density": 1.0, "min_numel": 100}},
 }
 NEEDS_TWO_NODES = {"hierarchical"}
 TOLERANCE = 1e-5
@@ -118,7 +121,7 @@ def test_the_knobs_really_ran_in_the_pairs(trained, world):
     expected = {"gradient_merge", "gradient_merge_update", "build_strategy.fuse_all_optimizer_ops",
                 "gradient_scale_configs.scale_gradient", "execution_strategy.num_iteration_per_run",
                 "execution_strategy.num_threads", "fuse_all_reduce_ops", "nccl_comm_num", "amp", "fp16_allreduce",
-                "sync_batch_norm"}
+                "sync_batch_norm", "topk"}
     if world == 4:
         expected = {"use_hierarchical_allreduce", "gloo_lowering"}
     assert expected <= applied

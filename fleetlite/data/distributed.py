@@ -55,6 +55,19 @@ def equal_shard_size(sizes, policy):
     return max(sizes) if policy == "pad" else min(sizes)
 
 
+def deal_batches(order, batch_size, nranks, rank, drop_last):
+    """Rank `rank`'s batches when `order` (a multiple of `nranks` long) is cut into global
+    batches of `batch_size x nranks` and each is dealt in rank-sized blocks (as Paddle does);
+    the short tail is split evenly."""
+    global_batch = batch_size * nranks
+    full = len(order) // global_batch
+    head = order[:full * global_batch].reshape(full, nranks, batch_size)[:, rank]
+    tail = order[full * global_batch:]
+    share = len(tail) // nranks
+    mine = np.concatenate([head.ravel(), tail[rank * share:(rank + 1) * share]])
+    return split_batches(mine, batch_size, drop_last)
+
+
 class DistributedBatchSampler(EpochSampler):
     """`paddle.io.DistributedBatchSampler`, with a shared seed, `set_epoch` and a choice of
     how the ranks are kept equal.
@@ -86,14 +99,7 @@ class DistributedBatchSampler(EpochSampler):
         return np.resize(order, self.total_size)
 
     def batches(self, epoch):
-        order = self.epoch_order(epoch)
-        global_batch = self.batch_size * self.nranks
-        full = self.total_size // global_batch
-        head = order[:full * global_batch].reshape(full, self.nranks, self.batch_size)[:, self.local_rank]
-        tail = order[full * global_batch:]
-        share = len(tail) // self.nranks
-        mine = np.concatenate([head.ravel(), tail[self.local_rank * share:(self.local_rank + 1) * share]])
-        return split_batches(mine, self.batch_size, self.drop_last)
+        return deal_batches(self.epoch_order(epoch), self.batch_size, self.nranks, self.local_rank, self.drop_last)
 
     def describe(self):
         kept = (f"pads {self.padded} duplicate(s)" if self.padded else

@@ -2,6 +2,7 @@
 strategy's `data_configs` asks for, so a Fleet script needs one line to feed every rank its
 own, equal share."""
 from fleetlite.data import job
+from fleetlite.data.cached_samples import CachedSamples
 from fleetlite.data.class_balanced import ClassBalancedBatchSampler
 from fleetlite.data.distributed import DistributedBatchSampler, EvalBatchSampler, ShardBatchSampler
 from fleetlite.data.pk import PKBatchSampler
@@ -24,9 +25,22 @@ def loader(dataset, strategy=None, batch_size=None, *, labels=None, weights=None
     """
     import paddle
 
+    refuse_image_settings(dataset, job.data_config(strategy))
     return paddle.io.DataLoader(dataset, batch_sampler=make_sampler(
         dataset, strategy, batch_size, labels=labels, weights=weights, evaluation=evaluation,
         shuffle=shuffle, drop_last=drop_last), **dataloader_args)
+
+
+def refuse_image_settings(dataset, config):
+    """`loader: dali` and `cache_levels` belong to image_loader: say so rather than ignore them."""
+    if config.loader == "dali":
+        raise DataError("data_configs.loader = 'dali' reads image files itself: use "
+                        "fleetlite.data.image_loader(images, strategy, batch_size); loader(dataset, ...) builds a "
+                        "paddle.io.DataLoader over a dataset")
+    if config.cache_levels and not isinstance(dataset, CachedSamples):
+        raise DataError(f"data_configs.cache_levels = {list(config.cache_levels)} cache sample files: use "
+                        f"fleetlite.data.image_loader(images, ...), or pass a fleetlite.data.CachedSamples "
+                        f"dataset (a {type(dataset).__name__} is not cached)")
 
 
 def make_sampler(dataset, strategy=None, batch_size=None, *, labels=None, weights=None, evaluation=False,

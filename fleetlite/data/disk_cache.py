@@ -1,0 +1,108 @@
+"""The disk level of the sample cache: local copies of source files under `cache_dir`.
+
+The first read of a file copies its bytes from the (slow) source into the cache; later reads,
+by this job or the next one on the same node, read the copy. A copy is written to a temporary
+file and renamed into place, so a killed process never leaves a torn entry (the rename is
+atomic on POSIX file systems; a power loss is not covered: there is no fsync). Ranks of one
+node copy each file once between them: a per-file lock makes the second rank wait for the
+first and then read its copy. Temporary files of dead processes are removed when a cache opens.
+"""
+import fcntl
+import hashlib
+import itertools
+import os
+import threading
+import time
+
+from fleetlite.data.sources import checked_name
+from fleetlite.errors import DataError
+
+ENTRIES, LOCKS, PARTIAL = "entries", "locks", "partial"
+
+
+class DiskCache:
+    """Copies of `source`'s files under `folder`; `read(name)` returns (bytes, hit)."""
+
+    def __init__(self, folder, source, lock_timeout=300.0):
+        self.folder, self.source, self.lock_timeout = os.path.abspath(os.fspath(folder)), source, lock_timeout
+        for part in (ENTRIES, LOCKS, PARTIAL):
+            os.makedirs(os.path.join(self.folder, part), exist_ok=True)
+        self._counter = itertools.count()
+        self._remove_partial_copies_of_dead_processes()
+
+    def entry_path(self, name):
+        return os.path.join(self.folder, ENTRIES, checked_name(name))
+
+    def read(self, name):
+        """The bytes of `name` and whether they came from the cache (False: copied from the source)."""
+        entry, hit = self.local_path(name)
+        with open(entry, "rb") as handle:
+            return handle.read(), hit
+
+    def local_path(self, name):
+        """(path of the local copy, hit): the copy is made first when missing."""
+        entry = self.entry_path(name)
+        if os.path.exists(entry):
+            return entry, True
+        with self._file_lock(name):
+            if os.path.exists(entry):       # a neighbour copied it while we waited
+                return entry, True
+            data = self.source.read(name)
+            os.makedirs(os.path.dirname(entry), exist_ok=True)
+            partial = os.path.join(self.folder, PARTIAL,
+                                   f"{os.getpid()}-{threading.get_ident()}-{next(self._counter)}")
+            with open(partial, "wb") as out:
+                out.write(data)
+            os.replace(partial, entry)
+        return entry, False
+
+    def _file_lock(self, name):
+        digest = hashlib.sha1(checked_name(name).encode()).hexdigest()
+        return _Flock(os.path.join(self.folder, LOCKS, digest[:2], digest), self.lock_timeout, name)
+
+    def _remove_partial_copies_of_dead_processes(self):
+        folder = os.path.join(self.folder, PARTIAL)
+        for name in os.listdir(folder):
+            pid = name.split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                try:
+                    os.unlink(os.path.join(folder, name))
+                except FileNotFoundError:
+                    pass
+
+
+class _Flock:
+    """An exclusive lock on a lock file, waited for with a deadline (flock is released by the
+    kernel when its holder dies, so a killed rank never blocks the others)."""
+
+    def __init__(self, path, timeout, what):
+        self.path, self.timeout, self.what = path, timeout, what
+
+    def __enter__(self):
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(self.fd)
+                    raise DataError(f"waited {self.timeout:.0f} s for another process to copy {self.what!r} "
+                                    f"into the disk cache ({self.path} is locked)") from None
+                time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,151 @@
+"""`fleetlite.data.image_loader(images, strategy, batch_size)`: batches of an image
+classification set for this rank, from the loader and cache levels `data_configs` names.
+
+- loader "paddle": files read through `CachedSamples` (cache_levels, cache_dir,
+  memory_cache_MB), decoded with PIL, augmented with numpy, batched by the node-partition
+  sampler (or the distributed one without a cache) and read ahead by a prefetch thread;
+- loader "dali": the DALI pipeline of dali_pipeline.py, sharded by rank (the DALI path reads
+  files itself: cache_levels do not apply to it).
+Both yield [images float32 NCHW, labels int64 N x 1], ready for `exe.run(feed=...)`.
+"""
+import functools
+import os
+
+import numpy as np
+
+from fleetlite.data import job
+from fleetlite.data.cached_samples import CachedSamples
+from fleetlite.data.dali_pipeline import DaliBatches, gpu_batches, image_pipeline
+from fleetlite.data.distributed import DistributedBatchSampler
+from fleetlite.data.image_transforms import augment_image, decode_image
+from fleetlite.data.node_partition import NodePartitionBatchSampler
+from fleetlite.data.prefetch import Prefetcher
+from fleetlite.data.sources import FileSource
+from fleetlite.errors import DataError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
+
+
+def image_list(images):
+    """(root, names, labels) of a folder `root/<class>/<image>` (classes numbered in sorted
+    order, as DALI does) or of a file list in DALI's format ("relative/path label" per line,
+    relative to the list's folder)."""
+    images = os.fspath(images)
+    if os.path.isdir(images):
+        classes = sorted(d for d in os.listdir(images) if os.path.isdir(os.path.join(images, d)))
+        names, labels = [], []
+        for label, name in enumerate(classes):
+            files = sorted(f for f in os.listdir(os.path.join(images, name)) if f.lower().endswith(IMAGE_SUFFIXES))
+            names += [f"{name}/{f}" for f in files]
+            labels += [label] * len(files)
+        root = os.path.abspath(images)
+    elif os.path.isfile(images):
+        rows = [line.split() for line in open(images) if line.strip()]
+        bad = [i + 1 for i, row in enumerate(rows) if len(row) != 2 or not row[1].lstrip("-").isdigit()]
+        if bad:
+            raise DataError(f"{images}: line {bad[0]} is not 'relative/path label'")
+        names, labels = [row[0] for row in rows], [int(row[1]) for row in rows]
+        root = os.path.dirname(os.path.abspath(images))
+    else:
+        raise DataError(f"{images} is neither a folder of class folders nor a file list")
+    if not names:
+        raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {images}")
+    return root, names, labels
+
+
+class PrefetchLoader:
+    """Batches of `dataset` in `batch_sampler`'s order as lists of stacked numpy arrays, read
+    ahead by a thread. When an epoch's last batch is handed out, the next epoch's first batches
+    are read already (unless `set_epoch` then picks another epoch), so no epoch starts with an
+    empty queue. `wait_s[epoch]` is the time the training loop waited for data."""
+
+    def __init__(self, dataset, batch_sampler, prefetch=4):
+        self.dataset, self.batch_sampler, self.prefetch = dataset, batch_sampler, prefetch
+        self.wait_s = {}
+        self._ahead = None          # (epoch, reader) started at the end of the previous epoch
+
+    def __len__(self):
+        return len(self.batch_sampler)
+
+    def __iter__(self):
+        epoch, reader = self._ahead if self._ahead else (None, None)
+        self._ahead = None
+        if reader is None or self.batch_sampler.epoch != epoch + 1:   # set_epoch chose another epoch
+            if reader is not None:
+                reader.close()
+            epoch, reader = self._start()
+        finished = False
+        try:
+            for batch in reader:
+                yield batch
+            finished = True
+        finally:
+            self.wait_s[epoch] = reader.wait_s
+            reader.close()
+            if finished:
+                self._ahead = self._start()
+
+    def close(self):
+        """Stop reading ahead; the next iteration reads the epoch it would have read."""
+        if self._ahead:
+            epoch, reader = self._ahead
+            reader.close()
+            self._ahead = None
+            if self.batch_sampler.epoch == epoch + 1:
+                self.batch_sampler.set_epoch(epoch)
+
+    def _start(self):
+        epoch = self.batch_sampler.epoch
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+        return epoch, Prefetcher(self._collated(iter(self.batch_sampler)), self.prefetch)
+
+    def _collated(self, batches):
+        for batch in batches:
+            samples = [self.dataset[i] for i in batch]
+            yield [np.stack(field) for field in zip(*samples)]
+
+
+def image_loader(images, strategy=None, batch_size=None, *, crop=224, resize=256, training=True, source=None,
+                 seed=None, prefetch=4, num_threads=2):
+    """This rank's batches of `images` (see image_list) under `data_configs` (module docstring).
+    `source` replaces plain file reads (e.g. a ThrottledSource over the same folder); `seed`
+    defaults to data_configs.seed."""
+    config = job.data_config(strategy)
+    if batch_size is None or batch_size < 1:
+        raise DataError(f"image_loader needs batch_size >= 1 (samples per rank per step), got {batch_size}")
+    seed = int(config.seed) if seed is None else seed
+    root, names, labels = image_list(images)
+    if config.loader == "dali":
+        return _dali_batches(images, root, names, labels, config, batch_size, crop, resize, training, seed,
+                             num_threads)
+    if config.loader != "paddle":
+        raise DataError(f"data_configs.loader = {config.loader!r}: use 'paddle' or 'dali'")
+    augment = functools.partial(augment_image, crop=crop) if training else None
+    dataset = CachedSamples(source or FileSource(root), names, labels,
+                            functools.partial(decode_image, size=resize if training else crop), augment,
+                            levels=config.cache_levels, cache_dir=config.cache_dir,
+                            memory_bytes=config.memory_cache_MB << 20, seed=seed)
+    sampler_type = NodePartitionBatchSampler if config.cache_levels else DistributedBatchSampler
+    sampler = sampler_type(dataset, batch_size, shuffle=training, seed=seed, equal_batches=config.equal_batches)
+    return PrefetchLoader(dataset, sampler, prefetch)
+
+
+def _dali_batches(images, root, names, labels, config, batch_size, crop, resize, training, seed, num_threads):
+    if config.cache_levels:
+        raise DataError("data_configs.cache_levels do not apply to loader 'dali' (DALI reads the files itself): "
+                        "leave cache_levels empty, or use loader 'paddle' for the cache")
+    if os.path.isdir(images):      # DALI's own folder reading skips nothing; give it the same list
+        images = os.path.join(config.cache_dir, f"dali-files-{os.getpid()}.txt")
+        os.makedirs(config.cache_dir, exist_ok=True)
+        with open(images, "w") as out:
+            out.writelines(f"{os.path.join(root, n)} {label}\n" for n, label in zip(names, labels))
+    here = job.topology()
+    gpu = here.device == "gpu"
+    pipeline = image_pipeline(os.path.abspath(images), batch_size, here.rank, here.world_size,
+                              device="gpu" if gpu else "cpu", device_id=here.device_id, crop=crop, resize=resize,
+                              training=training, num_threads=num_threads, seed=seed)
+    if gpu:
+        return gpu_batches(pipeline, config.equal_batches)
+    pipeline.build()
+    return DaliBatches(pipeline, len(names), here.world_size, config.equal_batches)

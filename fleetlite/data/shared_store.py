@@ -1,0 +1,176 @@
+"""The memory level of the sample cache: decoded samples of one node in one shared-memory
+file, keyed by sample index, so the ranks of a node hold one copy between them.
+
+The file (on /dev/shm, a tmpfs: its pages are memory) holds a table with one entry per
+sample index and an arena of at most `capacity` bytes. A sample is written once and never
+evicted: the first samples to arrive fill the arena and stay, the rest are served from the
+level below. Under repeated full scans (training epochs) that gives a hit rate equal to the
+resident fraction, where an LRU cache smaller than the data misses every time.
+
+Writers reserve arena space under a file lock (the only lock, taken once per written sample),
+copy the sample in, then mark the entry ready; readers use only ready entries. A process killed
+while writing leaves a reserved entry that is never read (that sample is served from below):
+there is no torn entry to read.
+"""
+import fcntl
+import mmap
+import os
+import struct
+import threading
+import time
+
+import numpy as np
+
+from fleetlite.errors import DataError
+
+MAGIC = b"FLSTORE1"
+HEADER = struct.Struct("<8sQQQ")           # magic, entries, capacity (arena bytes), bytes used
+ENTRY = np.dtype([("state", "<u8"), ("offset", "<u8"), ("nbytes", "<u8")])
+EMPTY, RESERVED, READY = 0, 1, 2
+ALIGN = 64                                   # each sample starts on a cache line
+ARRAY_HEAD = struct.Struct("<8sQ")          # dtype string, number of dimensions
+TABLE_START = ALIGN
+
+
+def default_folder():
+    return "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+def _round_up(n, to):
+    return -(-n // to) * to
+
+
+def encoded_size(arrays):
+    return sum(_round_up(ARRAY_HEAD.size + 8 * a.ndim, 16) + _round_up(a.nbytes, 16) for a in arrays) + 16
+
+
+class SharedSampleStore:
+    """A bounded, no-evict map {sample index: tuple of numpy arrays} shared by the processes
+    that open the same `path` (every rank of a node). `capacity` bounds the arena in bytes; the
+    table adds 24 bytes per entry."""
+
+    def __init__(self, path, entries, capacity, timeout=60.0):
+        self.path, self.entries, self.capacity = path, int(entries), int(capacity)
+        self.arena_start = _round_up(TABLE_START + self.entries * ENTRY.itemsize, ALIGN)
+        size = self.arena_start + self.capacity
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            created = True
+        except FileExistsError:
+            fd = os.open(path, os.O_RDWR)
+            created = False
+        self._fd = fd
+        if created:
+            os.ftruncate(fd, size)           # sparse: pages are allocated as samples arrive
+            os.pwrite(fd, HEADER.pack(b"\0" * 8, self.entries, self.capacity, 0), 0)
+            os.pwrite(fd, MAGIC, 0)          # last: the store is complete once it carries its magic
+        else:
+            self._wait_for_creator(timeout)
+        self._map = mmap.mmap(fd, size)
+        self.table = np.ndarray(self.entries, ENTRY, buffer=self._map, offset=TABLE_START)
+        self._thread_lock = threading.Lock()
+
+    def _wait_for_creator(self, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            head = os.pread(self._fd, HEADER.size, 0)
+            if len(head) == HEADER.size and head[:8] == MAGIC:
+                break
+            if time.monotonic() > deadline:
+                raise DataError(f"the shared sample store {self.path} was never completed by the process "
+                                f"that created it ({timeout:.0f} s); remove the file and restart")
+            time.sleep(0.01)
+        _, entries, capacity, _ = HEADER.unpack(head)
+        if (entries, capacity) != (self.entries, self.capacity):
+            raise DataError(f"the shared sample store {self.path} holds {entries} entries in {capacity} bytes, "
+                            f"not {self.entries} in {self.capacity}: another job or setting uses the same name; "
+                            f"remove the file or change cache_dir / memory_cache_MB")
+
+    @property
+    def used(self):
+        return HEADER.unpack_from(self._map, 0)[3]
+
+    def __contains__(self, index):
+        return int(self.table["state"][index]) == READY
+
+    def get(self, index):
+        """The arrays of sample `index` (read-only views into shared memory), or None."""
+        entry = self.table[index]
+        if int(entry["state"]) != READY:
+            return None
+        view = memoryview(self._map)[self.arena_start + int(entry["offset"]):]
+        (count,) = struct.unpack_from("<Q", view, 0)
+        position, arrays = 16, []
+        for _ in range(count):
+            dtype, ndim = ARRAY_HEAD.unpack_from(view, position)
+            shape = struct.unpack_from(f"<{ndim}Q", view, position + ARRAY_HEAD.size)
+            position += _round_up(ARRAY_HEAD.size + 8 * ndim, 16)
+            array = np.ndarray(shape, np.dtype(dtype.rstrip(b"\0").decode()), buffer=view, offset=position)
+            array.flags.writeable = False
+            arrays.append(array)
+            position += _round_up(array.nbytes, 16)
+        return tuple(arrays)
+
+    def put(self, index, arrays):
+        """Store sample `index` if it is not there and fits; True when this call stored it."""
+        arrays = [np.ascontiguousarray(a) for a in arrays]
+        nbytes = _round_up(encoded_size(arrays), ALIGN)
+        with self._thread_lock:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                if int(self.table["state"][index]) != EMPTY:
+                    return False
+                used = self.used
+                if used + nbytes > self.capacity:
+                    return False
+                struct.pack_into("<Q", self._map, 24, used + nbytes)
+                self.table[index] = (RESERVED, used, nbytes)
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._write(self.arena_start + used, arrays)
+        self.table["state"][index] = READY
+        return True
+
+    def _write(self, start, arrays):
+        struct.pack_into("<Q", self._map, start, len(arrays))
+        position = start + 16
+        for array in arrays:
+            struct.pack_into(f"<8sQ{array.ndim}Q", self._map, position, array.dtype.str.encode(), array.ndim,
+                             *array.shape)
+            position += _round_up(ARRAY_HEAD.size + 8 * array.ndim, 16)
+            target = np.ndarray(array.nbytes, np.uint8, buffer=self._map, offset=position)
+            target[:] = array.reshape(-1).view(np.uint8)
+            position += _round_up(array.nbytes, 16)
+
+    def mapped_memory(self):
+        """(Rss, Pss) in bytes of this process's mapping of the store: resident pages, and
+        resident pages divided by the number of processes mapping each (summed over the ranks
+        of a node, Pss is the node's one copy)."""
+        sizes, inside = {"Rss:": 0, "Pss:": 0}, False
+        with open("/proc/self/smaps") as smaps:
+            for line in smaps:
+                fields = line.split()
+                if "-" in fields[0] and len(fields) >= 5:      # a mapping's first line ends with its path
+                    inside = fields[-1] == self.path
+                elif inside and fields[0] in sizes:
+                    sizes[fields[0]] += int(fields[1]) * 1024
+        return sizes["Rss:"], sizes["Pss:"]
+
+    def allocated_bytes(self):
+        """Bytes of memory the store's file holds (its pages are allocated as samples arrive)."""
+        return os.stat(self.path).st_blocks * 512
+
+    def close(self):
+        """Unmap (views returned by get must not be used after this)."""
+        self.table = None
+        try:
+            self._map.close()
+        except BufferError:     # views of it are still alive somewhere: the mapping goes with them
+            pass
+        os.close(self._fd)
+
+    def unlink(self):
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

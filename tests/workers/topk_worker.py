@@ -1,0 +1,97 @@
+"""Train a digits MLP with the top-k exchange, one case after another, and hand back what the
+NumPy reference needs: per step this rank's raw gradients, the reduced gradients every rank
+applies, and the residuals after the step; and the parameters at the end.
+
+Usage: topk_worker.py CASES_JSON
+The raw gradients come from a second program (the same model, so the same parameter names, with
+plain backward) run on the same scope and batch just before each training step: backward in the
+compiled program computes exactly the same values. The model's first weight (64 x 300 = 19,200
+elements) is large enough for MSTopK's sampled path; its second (3,000) takes the exact path.
+"""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import paddle
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import fleetlite as fleet  # noqa: E402
+from fleetlite import training_program  # noqa: E402
+from fleetlite.api import _topology  # noqa: E402
+from fleetlite.strategies.topk import IN_ORDER, RESIDUAL_SUFFIX  # noqa: E402
+from multiprocess import write_result  # noqa: E402
+from workers import models  # noqa: E402
+
+ROWS, STEPS, HIDDEN, LEARNING_RATE = 16, 6, 300, 0.1
+TAKEN = ("linear_0.w_0", "linear_1.w_0")
+
+
+def model_loss(x, y):
+    hidden = paddle.nn.functional.relu(paddle.nn.Linear(64, HIDDEN)(x))
+    return paddle.nn.functional.cross_entropy(paddle.nn.Linear(HIDDEN, 10)(hidden), y)
+
+
+def programs(fields):
+    """(training program, startup, loss, {param: reduced grad}, raw-gradient program, {param: raw grad}, report)."""
+    strategy = fleet.DistributedStrategy()
+    for field, value in fields.items():
+        setattr(strategy, field, value)
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [ROWS, 64], "float32")
+        y = paddle.static.data("y", [ROWS, 1], "int64")
+        loss = model_loss(x, y)
+        built = training_program.build(loss, paddle.optimizer.SGD(LEARNING_RATE), strategy, _topology(), startup)
+    plain, plain_startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(plain, plain_startup):
+        x = paddle.static.data("x", [ROWS, 64], "float32")
+        y = paddle.static.data("y", [ROWS, 1], "int64")
+        raw = paddle.static.append_backward(model_loss(x, y))
+    reduced = {p.name: g for p, g in built.params_grads}
+    return main, startup, loss, reduced, plain, {p.name: g for p, g in raw}, built.report
+
+
+def train(fields, x_all, y_all):
+    rank = fleet.worker_index()
+    main, startup, loss, reduced, plain, raw, report = programs(fields)
+    paddle.set_flags(report.runtime_flags)
+    names = sorted(reduced)
+    fetch_reduced = "gradient_merge" not in fields   # inside gradient merge's branch they cannot be fetched
+    steps = []
+    with paddle.static.scope_guard(paddle.static.Scope()):
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        paddle.seed(3 + rank)                         # ranks differ until the startup broadcast
+        exe.run(startup)
+        scope = paddle.static.global_scope()
+        initial = {n: np.array(scope.find_var(n).get_tensor()).tolist() for n in names}
+        for step in range(STEPS):
+            rows = slice((2 * step + rank) * ROWS, (2 * step + rank + 1) * ROWS)
+            feed = {"x": x_all[rows], "y": y_all[rows]}
+            raw_values = exe.run(plain, feed=feed, fetch_list=[raw[n] for n in TAKEN])
+            fetched = exe.run(main, feed=feed, fetch_list=[loss] + ([reduced[n] for n in names] if fetch_reduced else []))
+            residuals = {n: np.array(scope.find_var(n + RESIDUAL_SUFFIX).get_tensor()).tolist()
+                         for n in TAKEN if scope.find_var(n + RESIDUAL_SUFFIX) is not None}
+            steps.append({"loss": float(fetched[0]), "raw": {n: v.tolist() for n, v in zip(TAKEN, raw_values)},
+                          "reduced": {n: v.tolist() for n, v in zip(names, fetched[1:])}, "residual": residuals})
+        params = {n: np.array(scope.find_var(n).get_tensor()).tolist() for n in names}
+    record = report.record("topk")
+    return {"steps": steps, "initial": initial, "params": params, "topk": record.details,
+            "applied": report.applied}
+
+
+def main():
+    cases = json.loads(sys.argv[1])
+    paddle.enable_static()
+    fleet.init(is_collective=True)
+    x_all, y_all = models.digits(2 * ROWS * STEPS)
+    defaults = paddle.get_flags([IN_ORDER])
+    results = {}
+    for name, fields in cases.items():
+        results[name] = train(fields, x_all, y_all)
+        paddle.set_flags(defaults)
+    write_result(results)
+
+
+if __name__ == "__main__":
+    main()
