@@ -113,6 +113,8 @@ def test_decide_needs_a_complete_start():
     (space.JobShape("cpu", 4, 2), ["fuse_grad_size_in_MB", "use_hierarchical_allreduce"]),
     (space.JobShape("gpu", 16, 2), ["fuse_grad_size_in_MB", "nccl_comm_num", "use_hierarchical_allreduce",
                                     "fp16_allreduce"]),
+    # top-k's density only where the user chose top-k: the tuner never turns a lossy exchange on
+    (space.JobShape("cpu", 2, 1, frozenset({"topk"})), ["fuse_grad_size_in_MB", "topk_configs.density"]),
 ])
 def test_the_space_keeps_only_knobs_that_can_matter_on_the_job(job, searched):
     kept, skipped = space.searched_knobs(job)

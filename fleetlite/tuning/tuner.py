@@ -16,10 +16,12 @@ from fleetlite.tuning import search, space, strategy_writer
 from fleetlite.tuning.trials import check_tunable, run_trial
 
 
-def job_shape(spec):
+def job_shape(spec, fields):
+    """The job as the space's rules see it; `fields`: the starting strategy, flattened."""
     devices = check_spec(spec)
     return space.JobShape(device="cpu" if devices[0] is None else "gpu",
-                          world_size=len(devices) * len(spec.ips), node_count=len(spec.ips))
+                          world_size=len(devices) * len(spec.ips), node_count=len(spec.ips),
+                          switched_on=frozenset(field for field, value in fields.items() if value is True))
 
 
 def spelled(config):
@@ -62,15 +64,15 @@ def tune(spec, environ, stop, out=None):
     out = out or sys.stderr
     options = spec.tune
     check_tunable(spec)
-    starting = DistributedStrategy.load(options.strategy_file).validate()
-    knobs, skipped = space.searched_knobs(job_shape(spec))
+    fields = schema.flatten(DistributedStrategy.load(options.strategy_file).validate().to_dict(False))
+    knobs, skipped = space.searched_knobs(job_shape(spec, fields))
 
     def say(line):
         print(f"fleetrun --tune: {line}", file=out, flush=True)
 
     for field, why in skipped:
         say(f"not searching {field}: {why}")
-    start = search.start_config(knobs, schema.flatten(starting.to_dict(False)))
+    start = search.start_config(knobs, fields)
     say(f"searching {', '.join(k.field for k in knobs)} from {spelled(start)} "
         f"within {options.budget_s:g} s; trials in {Path(spec.log_dir) / 'tune'}")
     began, results = time.monotonic(), []
@@ -101,7 +103,8 @@ def tune(spec, environ, stop, out=None):
     lines = table(start, results, decision) + [verdict(decision, start), noise]
     for line in lines:
         print(line, file=out)
-    strategy_writer.write_winner(options.strategy_file, decision.winner,
+    changed = tuple(pair for pair, first in zip(decision.winner, start) if pair != first)
+    strategy_writer.write_winner(options.strategy_file, changed,
                                  [f"fleetlite tune, {time.strftime('%Y-%m-%d %H:%M')}, "
                                   f"{len(results)} trials in {time.monotonic() - began:.0f} s", *lines])
     say(f"wrote {options.strategy_file}")
