@@ -6,6 +6,10 @@ Contenders, interleaved in one run: fleetlite unfused (one all-reduce per gradie
 4/16/32/64 MiB, and the shipped CPU preset (configs/cpu_gloo.yaml: 4 MiB + scale_gradient); raw static all_reduce_ per tensor; one flat all-reduce of a pre-packed buffer
 (the limit); Paddle dygraph DataParallel and PyTorch DDP with their defaults; torch's flat
 all-reduce. Prints medians and the ratios the targets are stated in.
+
+A contender name may end in +VARIANT to start its workers with extra environment variables
+(read at process start): +malloc sets glibc's malloc tunables, +naive_best_fit and
++system_allocator Paddle's allocator flags (docs/performance.md, what was tried).
 """
 import statistics
 
@@ -16,6 +20,19 @@ CONTENDERS = ["paddle_flat_limit", "torch_flat", "fleetlite_unfused", "fleetlite
               "fleetlite_32mb", "fleetlite_64mb", "paddle_static_per_tensor", "paddle_dataparallel",
               "torch_ddp"]
 PEERS = ["paddle_dataparallel", "torch_ddp", "paddle_static_per_tensor"]
+VARIANTS = {
+    "malloc": {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "4294967296"},
+    "naive_best_fit": {"FLAGS_allocator_strategy": "naive_best_fit"},
+    "system_allocator": {"FLAGS_use_system_allocator": "1"},
+}
+
+
+def contender(name):
+    """(name, worker argv, world, extra env) for a contender name, with its +variant if any."""
+    base, _, variant = name.partition("+")
+    if variant and variant not in VARIANTS:
+        raise SystemExit(f"unknown variant +{variant}: use one of {', '.join('+' + v for v in VARIANTS)}")
+    return name, ["gradsync_worker.py", base], 2, VARIANTS.get(variant)
 
 
 def main():
@@ -23,14 +40,14 @@ def main():
     parser.add_argument("--only", nargs="*", default=None, help="a subset of contenders")
     args = parser.parse_args()
     names = args.only or CONTENDERS
-    medians, foreign = measure([(name, ["gradsync_worker.py", name], 2) for name in names], args)
+    medians, foreign = measure([contender(name) for name in names], args)
     limit = statistics.median(medians["paddle_flat_limit"]) if "paddle_flat_limit" in medians else None
     rows = []
     for name in names:
         row = {"contender": name, **summary(medians[name])}
         row["vs_limit"] = row["median_ms"] / limit if limit else None
         rows.append(row)
-    fused = [r for r in rows if r["contender"].startswith("fleetlite_") and r["contender"] != "fleetlite_unfused"]
+    fused = [r for r in rows if r["contender"].startswith("fleetlite_") and "unfused" not in r["contender"]]
     best = min(fused, key=lambda r: r["median_ms"]) if fused else None
     print_table(f"Gradient sync, ResNet-50 shapes (161 tensors, 97.5 MiB), 2 procs, {args.rounds} rounds; "
                 f"foreign CPU load {foreign:.0%}", rows,

@@ -30,7 +30,8 @@ def free_port():
 class WorkerGroup:
     """`world` processes of one contender, driven by one JSON line per request."""
 
-    def __init__(self, name, argv, world=2, timeout=600):
+    def __init__(self, name, argv, world=2, timeout=600, extra_env=None):
+        """`extra_env`: more variables for the workers (read at process start, e.g. glibc tunables)."""
         self.name, self.timeout = name, timeout
         port = free_port()
         self.processes = []
@@ -38,7 +39,7 @@ class WorkerGroup:
             topology = Topology.grid(world, rank=rank, base_port=port)
             env = dict(os.environ, **worker_env(topology), OMP_NUM_THREADS="1",
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                       WORLD_SIZE=str(world), GLOG_minloglevel="2", PYTHONUNBUFFERED="1")
+                       WORLD_SIZE=str(world), GLOG_minloglevel="2", PYTHONUNBUFFERED="1", **(extra_env or {}))
             self.processes.append(subprocess.Popen(
                 [sys.executable, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, env=env, text=True, cwd=HERE))
@@ -112,13 +113,13 @@ def protocol_parser(description):
 
 
 def measure(contenders, args, facts=None):
-    """Start every contender [(name, worker argv, world)], run the interleaved rounds, stop them.
-    Returns ({name: [round medians]}, the foreign CPU share during the rounds). Given a dict
-    `facts`, it also gets {name: [each rank's answer to "info"]} (see worker_loop.serve)."""
+    """Start every contender [(name, worker argv, world[, extra env])], run the interleaved rounds,
+    stop them. Returns ({name: [round medians]}, the foreign CPU share during the rounds). Given a
+    dict `facts`, it also gets {name: [each rank's answer to "info"]} (see worker_loop.serve)."""
     groups = []
     try:
-        for name, argv, world in contenders:
-            groups.append(WorkerGroup(name, argv, world=world))
+        for name, argv, world, *env in contenders:
+            groups.append(WorkerGroup(name, argv, world=world, extra_env=env[0] if env else None))
         load = LoadCheck([p.pid for g in groups for p in g.processes])
         medians = run_interleaved(groups, args.rounds, args.warmup, args.reps)
         foreign = load.foreign_share()

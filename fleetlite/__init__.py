@@ -8,15 +8,17 @@ from fleetlite.paddle_check import require_paddle3
 
 require_paddle3()
 
-from fleetlite.base.role_maker import PaddleCloudRoleMaker, Role, UserDefinedRoleMaker  # noqa: E402
 from fleetlite.errors import (CompileError, FleetliteError, StrategyConflictError,  # noqa: E402
                               StrategyError, StrategyFileError, TopologyError, UnknownFieldError)
-from fleetlite.strategy import BuildStrategy, DistributedStrategy, ExecutionStrategy  # noqa: E402
-from fleetlite.topology import Topology  # noqa: E402
 from fleetlite.version import __version__  # noqa: E402
 
-# The training API imports Paddle (about a second); fleetrun and the strategy commands do
-# not need it, so these names load on first use.
+# Names that load on first use, so that fleetrun and each worker's bootstrap (which import this
+# package) start without them: the strategy schema (protobuf, YAML) and the role makers cost a
+# few tenths of a second, the training API imports Paddle (about a second).
+_LAZY = {"DistributedStrategy": "fleetlite.strategy", "BuildStrategy": "fleetlite.strategy",
+         "ExecutionStrategy": "fleetlite.strategy", "Topology": "fleetlite.topology",
+         "PaddleCloudRoleMaker": "fleetlite.base.role_maker", "Role": "fleetlite.base.role_maker",
+         "UserDefinedRoleMaker": "fleetlite.base.role_maker"}
 _API = ("init", "distributed_optimizer", "DistributedOptimizer", "worker_index", "worker_num",
         "is_first_worker", "worker_endpoints", "local_rank", "local_size", "node_num",
         "barrier_worker", "rank", "nranks", "world_size", "rank_in_node", "util", "all_reduce",
@@ -25,6 +27,9 @@ _API = ("init", "distributed_optimizer", "DistributedOptimizer", "worker_index",
 
 
 def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
     if name in _API:
         from fleetlite import api
         return getattr(api, name)

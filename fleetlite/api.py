@@ -22,6 +22,7 @@ from fleetlite.env_contract import EXPLAIN_ONLY
 from fleetlite.errors import FleetliteError, StrategyConflictError
 from fleetlite.job_values import JobValues
 from fleetlite.strategy import DistributedStrategy
+from fleetlite.tuning import trial_worker
 
 _job = None   # (Topology, DistributedStrategy or None) once init() ran
 _optimizer = None   # the last distributed_optimizer(), for fleet.minimize
@@ -209,7 +210,7 @@ def distributed_optimizer(optimizer, strategy=None):
     """Wrap `optimizer` so that `minimize` trains data parallel under `strategy`."""
     global _optimizer
     topology = _topology()
-    strategy = strategy or _job[1] or DistributedStrategy()
+    strategy = trial_worker.override(strategy or _job[1] or DistributedStrategy())
     _optimizer = DistributedOptimizer(optimizer, strategy.validate(topology), topology)
     return _optimizer
 
@@ -248,6 +249,8 @@ class DistributedOptimizer:
         if built.report.runtime_flags:
             paddle.set_flags(built.report.runtime_flags)
         self._program = loss.block.program
+        trial_worker.install_step_timer(self._program, built.params_grads, self.user_defined_strategy,
+                                        self.topology)
         if self.topology.rank == 0:
             print(built.report.table(), flush=True)
         return built.optimize_ops, built.params_grads

@@ -101,6 +101,8 @@ def build_parser():
     e.set_defaults(handler=explain)
     top.add_parser("run", add_help=False, help="the launcher, with fleetrun's flags: "
                    "fleetlite run --nproc_per_node 2 train.py (a name PaddlePaddle does not install)")
+    top.add_parser("tune", add_help=False, help="fleetrun --tune: time short trials of the job and write the "
+                   "fastest communication knobs into --strategy_file (docs/tuning.md)")
     return parser
 
 
@@ -109,6 +111,9 @@ def main(argv=None):
     if argv[:1] == ["run"]:   # everything after `run` is fleetrun's, --help included
         from fleetlite.launcher.main import main as fleetrun
         return fleetrun(argv[1:], prog="fleetlite run")
+    if argv[:1] == ["tune"]:
+        from fleetlite.launcher.main import main as fleetrun
+        return fleetrun(["--tune", *argv[1:]], prog="fleetlite tune")
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args) or 0

@@ -2,23 +2,33 @@
 
 fleetlite rewrites PIR static programs, which exist from Paddle 3.0 on; Paddle 2.x programs
 (legacy ProgramDesc, c_allreduce_* ops) would be rewritten wrongly, not fail. The check reads
-package metadata only, so it costs nothing and works before `import paddle`.
+the installed distributions' names only, so it works before `import paddle`; it lists the
+`*.dist-info` folders on sys.path itself because importing importlib.metadata costs every
+fleetrun and every worker a tenth of a second of start-up.
 """
-import importlib.metadata
 import importlib.util
+import os
+import re
+import sys
 
 DISTRIBUTIONS = ("paddlepaddle", "paddlepaddle-gpu")
+_DIST_INFO = re.compile(r"^(paddlepaddle(?:[-_]gpu)?)-([^-]+)\.dist-info$", re.IGNORECASE)
 INSTALL_HINT = ("install PaddlePaddle >= 3.0: `pip install 'paddlepaddle>=3.0'` for CPU, or "
                 "paddlepaddle-gpu >= 3.0 from PaddlePaddle's package index for GPUs")
 
 
-def installed_versions():
+def installed_versions(path=None):
+    """{distribution: version} for the Paddle wheels installed on `path` (default sys.path)."""
     found = {}
-    for name in DISTRIBUTIONS:
+    for entry in sys.path if path is None else path:
         try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
+            names = os.listdir(entry or ".")
+        except OSError:   # a zip file or a missing folder on sys.path
+            continue
+        for name in names:
+            match = _DIST_INFO.match(name)
+            if match:
+                found.setdefault(match.group(1).lower().replace("_", "-"), match.group(2))
     return found
 
 

@@ -9,7 +9,7 @@ import sys
 import time
 
 from fleetlite.launcher.failure_report import diagnose, exit_code, format_report, read_end
-from fleetlite.launcher.plan import plan_workers
+from fleetlite.launcher.plan import CPU_MALLOC_TUNABLES, plan_workers
 from fleetlite.launcher.spec import follower_argv
 from fleetlite.launcher.supervisor import GRACE_S, stop_processes, watch
 from fleetlite.launcher.transport import worker_command
@@ -61,8 +61,8 @@ class Job:
                  w.slot.log_path + (" (tee'd below)" if w.teed else "")) for w in workers]
         lines = [title] + _format_table(("rank", "host", "device", "endpoint", "pid", "log"), rows)
         if any(w.slot.device == "cpu" for w in workers):
-            threads = {name: workers[0].slot.env[name] for name in ("OMP_NUM_THREADS", "KMP_BLOCKTIME")
-                       if name in workers[0].slot.env}
+            shown = ("OMP_NUM_THREADS", "KMP_BLOCKTIME", *CPU_MALLOC_TUNABLES)
+            threads = {name: workers[0].slot.env[name] for name in shown if name in workers[0].slot.env}
             lines.append("  CPU workers: " + " ".join(f"{k}={v}" for k, v in threads.items()) +
                          " (fleetrun's defaults unless exported)")
         self._say(*lines)

@@ -1,5 +1,5 @@
 """`fleetrun` (also `fleetlite run` and `python -m fleetlite.launcher`): flags -> spec ->
-pre-flight -> job.
+pre-flight -> job (or, with --tune, the tuner's trial jobs).
 
 The only place that exits. Bad input ends with one line naming the cause and the fix, and exit
 status 2, before any process starts; otherwise the exit status is the root cause's.
@@ -38,6 +38,9 @@ def main(argv=None, prog="fleetrun"):
             print(f"fleetrun: {note}", file=sys.stderr)
         if spec.explain:
             return explain(spec, environ)
+        if spec.tune:
+            from fleetlite.tuning.tuner import tune
+            return tune(spec, environ, stop)
         preflight = run_preflight(spec, environ)
         reservation = preflight.reservation
         job = Job(spec, preflight, environ, LocalTransport(), stop,

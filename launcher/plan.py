@@ -16,6 +16,8 @@ from fleetlite.topology import Topology
 # Hand-launched multi-host jobs cannot agree on a free port, so their default port is derived
 # from the job id: one per job id, below Linux's ephemeral range (32768+).
 JOB_PORT_BASE, JOB_PORT_SPAN = 20000, 10000
+# Allocations below 32 MiB come from the heap, and freed heap memory is kept for reuse (up to 4 GiB).
+CPU_MALLOC_TUNABLES = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,13 @@ def _worker_defaults(local_size, cpu):
     Paddle's C++ INFO lines (store and executor start-up) would flood every log, so only its
     warnings and errors are kept. On CPU, Paddle's OpenMP spins a core for 200 ms after each
     op unless told not to, competing with gloo; and workers sharing a host should not each
-    start a thread per core (Paddle asks for OMP_NUM_THREADS=1 under data parallelism)."""
+    start a thread per core (Paddle asks for OMP_NUM_THREADS=1 under data parallelism). glibc's
+    malloc tunables keep the bucket buffers that fused gradient sync allocates every step on the
+    heap, reused, instead of fresh page-faulting mmaps (docs/performance.md: about half the page
+    faults, 6-8 % less sync time on CPU)."""
     defaults = {"GLOG_minloglevel": "1"}
     if cpu:
-        defaults["KMP_BLOCKTIME"] = "0"
+        defaults.update(KMP_BLOCKTIME="0", **CPU_MALLOC_TUNABLES)
         if local_size > 1:
             defaults["OMP_NUM_THREADS"] = "1"
     return defaults

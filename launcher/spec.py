@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
 from fleetlite.errors import LaunchError
+from fleetlite.tuning.options import TuneOptions, add_tune_options, tune_options
 
 
 def _text(raw):
@@ -114,6 +115,7 @@ class LaunchSpec:
     ssh: bool = False
     follow_stdin: bool = False
     notes: Tuple[str, ...] = ()
+    tune: Optional[TuneOptions] = None   # --tune: time trials and write the best strategy
 
 
 class _Parser(argparse.ArgumentParser):
@@ -134,6 +136,7 @@ def build_parser(prog="fleetrun"):
     parser.add_argument("--ssh", action="store_true",
                         help="run from the first host: start fleetrun on the other hosts over ssh")
     parser.add_argument("--follow_stdin", action="store_true", help=argparse.SUPPRESS)
+    add_tune_options(parser)
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="passed to the script")
     return parser
@@ -167,7 +170,8 @@ def parse_launch_spec(argv, environ, prog="fleetrun"):
         if note:
             notes.append(note)
     return LaunchSpec(script=args.script, script_args=tuple(args.script_args), explain=args.explain,
-                      ssh=args.ssh, follow_stdin=args.follow_stdin, notes=tuple(notes), **values)
+                      ssh=args.ssh, follow_stdin=args.follow_stdin, notes=tuple(notes),
+                      tune=tune_options(args), **values)
 
 
 def follower_argv(spec, host, start_port):

@@ -93,9 +93,9 @@ def test_paddle_gate_accepts_paddle3(versions):
     assert paddle_check.problem(versions, True) is None
 
 
-def test_import_fails_clearly_on_paddle2():
-    code = ("import importlib.metadata as m; real = m.version; "
-            "m.version = lambda n: '2.6.2' if n == 'paddlepaddle' else real(n); import fleetlite")
+def test_import_fails_clearly_on_paddle2(tmp_path):
+    (tmp_path / "paddlepaddle-2.6.2.dist-info").mkdir()   # found first on sys.path: what is installed
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import fleetlite"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "ImportError: fleetlite needs PaddlePaddle >= 3.0" in result.stderr

@@ -135,8 +135,8 @@ def test_every_slot_environment_reads_back_as_its_topology():
 
 def test_cpu_two_processes():
     spec = LaunchSpec(script="train.py", nproc_per_node=2, log_dir="logs", job_id="j")
-    slots = plan_workers(spec, 7000, {"PATH": "/bin", "PADDLE_TRAINER_ID": "9", "KMP_BLOCKTIME": "200"},
-                         attempt=1)
+    slots = plan_workers(spec, 7000, {"PATH": "/bin", "PADDLE_TRAINER_ID": "9", "KMP_BLOCKTIME": "200",
+                                      "MALLOC_TRIM_THRESHOLD_": "0"}, attempt=1)
     assert table(slots) == rows("""
         0 0 127.0.0.1 cpu 127.0.0.1:7000 logs/workerlog.0
         1 1 127.0.0.1 cpu 127.0.0.1:7001 logs/workerlog.1
@@ -146,6 +146,7 @@ def test_cpu_two_processes():
             env["FLEETLITE_RESTART_COUNT"], env["OMP_NUM_THREADS"], env["KMP_BLOCKTIME"],
             env["GLOG_minloglevel"]) == \
         ("/bin", "1", "gloo", "j", "1", "1", "200", "1")  # the contract beats the inherited env; defaults lose
+    assert (env["MALLOC_MMAP_THRESHOLD_"], env["MALLOC_TRIM_THRESHOLD_"]) == ("33554432", "0")
     assert (slots[1].error_file, slots[1].progress_file) == \
         ("logs/.fleetlite/rank1.error.json", "logs/.fleetlite/rank1.progress")
     assert "FLAGS_selected_gpus" not in env
