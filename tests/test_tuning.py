@@ -109,12 +109,13 @@ def test_decide_needs_a_complete_start():
 
 
 @pytest.mark.parametrize("job, searched", [
-    (space.JobShape("cpu", 2, 1), ["fuse_grad_size_in_MB"]),
-    (space.JobShape("cpu", 4, 2), ["fuse_grad_size_in_MB", "use_hierarchical_allreduce"]),
+    (space.JobShape("cpu", 1, 1), ["fuse_grad_size_in_MB"]),
+    (space.JobShape("cpu", 2, 1), ["fuse_grad_size_in_MB", "pto"]),
+    (space.JobShape("cpu", 4, 2), ["fuse_grad_size_in_MB", "use_hierarchical_allreduce", "pto"]),
     (space.JobShape("gpu", 16, 2), ["fuse_grad_size_in_MB", "nccl_comm_num", "use_hierarchical_allreduce",
-                                    "fp16_allreduce"]),
+                                    "fp16_allreduce", "pto"]),
     # top-k's density only where the user chose top-k: the tuner never turns a lossy exchange on
-    (space.JobShape("cpu", 2, 1, frozenset({"topk"})), ["fuse_grad_size_in_MB", "topk_configs.density"]),
+    (space.JobShape("cpu", 2, 1, frozenset({"topk"})), ["fuse_grad_size_in_MB", "pto", "topk_configs.density"]),
 ])
 def test_the_space_keeps_only_knobs_that_can_matter_on_the_job(job, searched):
     kept, skipped = space.searched_knobs(job)
@@ -198,13 +199,16 @@ def test_fleetlite_tune_on_two_cpu_ranks_writes_a_valid_strategy(tmp_path):
     text = path.read_text()
     assert [line for line in text.splitlines() if line.startswith("#") and not line.startswith("#|")] == comments
     rows = [re.split(r" {2,}", line[3:]) for line in text.splitlines() if re.match(r"#\| \d", line)]
-    assert rows[0][:2] == ["1", "start: fuse_grad_size_in_MB=4"] and len(rows) >= 2
+    assert rows[0][:2] == ["1", "start: fuse_grad_size_in_MB=4, pto=False"] and len(rows) >= 2
     step_ms, sync_ms = float(rows[0][2]), float(rows[0][4])   # the start's trial measured both
     assert step_ms > 0 and abs(sync_ms) < 10 * step_ms
     strategy = DistributedStrategy.load(path).validate()
-    verdict = re.search(r"^#\| (winner: fuse_grad_size_in_MB=(\d+)|kept the starting strategy)", text, re.M)
+    verdict = re.search(r"^#\| (?:winner: (.+?), [\d.]+ ms/step|kept the starting strategy)", text, re.M)
     assert verdict, text
-    assert strategy.fuse_grad_size_in_MB == (int(verdict.group(2)) if verdict.group(2) else 4)
+    changed = dict(pair.split("=") for pair in verdict.group(1).split(", ")) if verdict.group(1) else {}
+    assert set(changed) <= {"fuse_grad_size_in_MB", "pto"}
+    assert strategy.fuse_grad_size_in_MB == int(changed.get("fuse_grad_size_in_MB", 4))
+    assert strategy.pto == (changed.get("pto") == "True")
     assert re.search(r"spread between repeats \(noise\)|no config ran twice", result.stderr)
 
 

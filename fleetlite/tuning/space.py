@@ -35,6 +35,10 @@ def _needs_several_nodes(job):
     return None if job.node_count > 1 else "one node: there is no inter-node stage to split off"
 
 
+def _needs_several_ranks(job):
+    return None if job.world_size > 1 else "one rank: there is no optimizer update to share out"
+
+
 def _needs_on(field):
     """A knob of a lossy exchange: tuned only where the user chose that exchange."""
     def unless(job):
@@ -48,6 +52,7 @@ KNOBS = (
     Knob("nccl_comm_num", (1, 2, 4), _needs_gpu),
     Knob("use_hierarchical_allreduce", (False, True), _needs_several_nodes),
     Knob("fp16_allreduce", (False, True), _needs_gpu),
+    Knob("pto", (False, True), _needs_several_ranks),
     Knob("topk_configs.density", (0.001, 0.01, 0.05), _needs_on("topk")),
 )
 
