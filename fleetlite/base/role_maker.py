@@ -10,6 +10,8 @@ Fleet scripts pass one of these to `fleet.init`; fleetlite maps them onto its `T
 fleetlite trains collectively only: a parameter-server role (a server, heter worker or
 coordinator, server endpoints, or `is_collective=False`) is an error naming the fix.
 """
+import abc
+
 from fleetlite import env_contract
 from fleetlite.errors import FleetliteError, StrategyConflictError, TopologyError
 
@@ -35,11 +37,12 @@ def _collective_only(maker, is_collective):
             f"does not support", fix=f"pass {maker}(is_collective=True)")
 
 
-class RoleMakerBase:
+class RoleMakerBase(abc.ABC):
     """What `fleet.init(role_maker)` needs from a role maker: this process's Topology."""
 
+    @abc.abstractmethod
     def topology(self, environ):
-        raise NotImplementedError
+        ...
 
 
 class PaddleCloudRoleMaker(RoleMakerBase):

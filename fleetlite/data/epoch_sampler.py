@@ -6,6 +6,7 @@ takes its own part, so shards cannot overlap, and a job restarted at epoch e tha
 `set_epoch(e)` replays that epoch exactly. Like Paddle's DistributedBatchSampler, each
 iteration moves to the next epoch by itself; `set_epoch` says which one comes next.
 """
+import abc
 import numbers
 
 import numpy as np
@@ -14,7 +15,7 @@ from fleetlite.data import job
 from fleetlite.errors import DataError
 
 
-class EpochSampler:
+class EpochSampler(abc.ABC):
     """Base of the samplers: topology and seed defaults from the job, epochs, iteration."""
 
     def __init__(self, num_replicas=None, rank=None, seed=None):
@@ -43,9 +44,9 @@ class EpochSampler:
         epoch, self.epoch = self.epoch, self.epoch + 1
         return iter(self.batches(epoch))
 
+    @abc.abstractmethod
     def batches(self, epoch):
         """This rank's batches of `epoch`: a list of lists of dataset indices."""
-        raise NotImplementedError
 
     def rng(self, epoch, *streams):
         """The generator of (seed, epoch, *streams); the same on every rank unless a stream is
