@@ -20,6 +20,7 @@ import shutil
 import tempfile
 
 from fleetlite.errors import FleetliteError
+from fleetlite.process_liveness import process_exists
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -66,18 +67,8 @@ def _remove_abandoned_partials(parent, name):
     """Delete partial writes of `name` whose writer process no longer exists (killed saves)."""
     for partial in glob.glob(os.path.join(glob.escape(parent), f".{glob.escape(name)}.partial-*-*")):
         writer = os.path.basename(partial)[len(f".{name}.partial-"):].split("-", 1)[0]
-        if writer.isdigit() and not _process_exists(int(writer)):
+        if writer.isdigit() and not process_exists(int(writer)):
             shutil.rmtree(partial, ignore_errors=True)
-
-
-def _process_exists(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:     # alive, owned by another user
-        return True
-    return True
 
 
 def _replace_directory(staging, target, parent, name):

@@ -16,6 +16,7 @@ import time
 
 from fleetlite.data.sources import checked_name
 from fleetlite.errors import DataError
+from fleetlite.process_liveness import process_exists
 
 ENTRIES, LOCKS, PARTIAL = "entries", "locks", "partial"
 
@@ -64,7 +65,7 @@ class DiskCache:
         folder = os.path.join(self.folder, PARTIAL)
         for name in os.listdir(folder):
             pid = name.split("-", 1)[0]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not process_exists(int(pid)):
                 try:
                     os.unlink(os.path.join(folder, name))
                 except FileNotFoundError:
@@ -96,13 +97,3 @@ class _Flock:
     def __exit__(self, *exc):
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
