@@ -36,18 +36,20 @@ def dali_modules():
     return dali, fn, types
 
 
+def check_device(device, device_id):
+    if device not in ("cpu", "gpu"):
+        raise DataError(f"DALI device {device!r}: use 'cpu' or 'gpu'")
+    if device == "gpu" and device_id is None:
+        raise DataError("a GPU DALI pipeline needs device_id (the rank's GPU)")
+
+
 def image_pipeline(file_list, batch_size, shard_id, num_shards, *, device="cpu", device_id=None, crop=224,
                    resize=256, training=True, num_threads=2, seed=0, prefetch_queue_depth=2):
     """The DALI pipeline (not built) for one rank. `file_list`: DALI's format, one
     "relative/path label" per line, paths relative to the list's folder. device "gpu" decodes
     with "mixed" and needs `device_id`; "cpu" runs without a GPU."""
     dali, fn, types = dali_modules()
-    if device not in ("cpu", "gpu"):
-        raise DataError(f"DALI device {device!r}: use 'cpu' or 'gpu'")
-    if device == "gpu" and device_id is None:
-        raise DataError("a GPU DALI pipeline needs device_id (the rank's GPU)")
-    mean = [255 * m for m in IMAGENET_MEAN]
-    std = [255 * s for s in IMAGENET_STD]
+    check_device(device, device_id)
 
     @dali.pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id if device == "gpu" else None,
                        seed=seed + shard_id, prefetch_queue_depth=prefetch_queue_depth)
@@ -56,17 +58,26 @@ def image_pipeline(file_list, batch_size, shard_id, num_shards, *, device="cpu",
                                         stick_to_shard=True, pad_last_batch=True, random_shuffle=training,
                                         seed=seed, name=READER)
         images = fn.decoders.image(jpegs, device="mixed" if device == "gpu" else "cpu", output_type=types.RGB)
-        if training:
-            images = fn.random_resized_crop(images, size=crop)
-            mirror = fn.random.coin_flip()
-        else:
-            images = fn.resize(images, resize_shorter=resize)
-            mirror = 0
-        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", crop=(crop, crop),
-                                          mean=mean, std=std, mirror=mirror)
-        return images, labels.gpu() if device == "gpu" else labels
+        return augmentation(images, crop, resize, training), labels.gpu() if device == "gpu" else labels
 
     return classification()
+
+
+def augmentation(images, crop, resize, training):
+    """The operators after decoding, the one definition both pipelines use: training, a random
+    resized crop to `crop` and a random flip; evaluation, the shorter side resized to `resize`
+    and a centre crop; then CHW float normalized by ImageNet's mean and std. The operators run
+    where `images` are (GPU images: GPU operators)."""
+    _, fn, types = dali_modules()
+    if training:
+        images = fn.random_resized_crop(images, size=crop)
+        mirror = fn.random.coin_flip()
+    else:
+        images = fn.resize(images, resize_shorter=resize)
+        mirror = 0
+    return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", crop=(crop, crop),
+                                    mean=[255 * m for m in IMAGENET_MEAN], std=[255 * s for s in IMAGENET_STD],
+                                    mirror=mirror)
 
 
 def shard_sizes(size, num_shards):

@@ -4,9 +4,12 @@ classification set for this rank, from the loader and cache levels `data_configs
 - loader "paddle": files read through `CachedSamples` (cache_levels, cache_dir,
   memory_cache_MB), decoded with PIL, augmented with numpy, batched by the node-partition
   sampler (or the distributed one without a cache) and read ahead by a prefetch thread;
-- loader "dali": the DALI pipeline of dali_pipeline.py, sharded by rank (the DALI path reads
-  files itself: cache_levels do not apply to it).
-Both yield [images float32 NCHW, labels int64 N x 1], ready for `exe.run(feed=...)`.
+- loader "dali" without cache levels: the DALI pipeline of dali_pipeline.py, which reads the
+  files itself, sharded by rank;
+- loader "dali" with cache levels ("cache after decode"): files read and decoded through
+  `CachedSamples` as for "paddle", batched by the node-partition sampler, and augmented in DALI
+  operators fed from the cache (dali_augmentation.py), read ahead by the prefetch thread.
+All yield [images float32 NCHW, labels int64 N x 1], ready for `exe.run(feed=...)`.
 """
 import functools
 import os
@@ -15,6 +18,7 @@ import numpy as np
 
 from fleetlite.data import job
 from fleetlite.data.cached_samples import CachedSamples
+from fleetlite.data.dali_augmentation import DaliAugmentation
 from fleetlite.data.dali_pipeline import DaliBatches, gpu_batches, image_pipeline
 from fleetlite.data.distributed import DistributedBatchSampler
 from fleetlite.data.image_transforms import augment_image, decode_image
@@ -53,14 +57,21 @@ def image_list(images):
     return root, names, labels
 
 
+def stacked(epoch, sample_batches):
+    """Each batch of samples as a list of fields stacked into numpy arrays (PrefetchLoader's default)."""
+    for samples in sample_batches:
+        yield [np.stack(field) for field in zip(*samples)]
+
+
 class PrefetchLoader:
-    """Batches of `dataset` in `batch_sampler`'s order as lists of stacked numpy arrays, read
-    ahead by a thread. When an epoch's last batch is handed out, the next epoch's first batches
+    """Batches of `dataset` in `batch_sampler`'s order, read ahead by a thread. `assemble(epoch,
+    batches of samples)` turns an epoch's samples into what is fed: stacked numpy fields by
+    default, DALI-augmented batches on the DALI path with the cache. When an epoch's last batch is handed out, the next epoch's first batches
     are read already (unless `set_epoch` then picks another epoch), so no epoch starts with an
     empty queue. `wait_s[epoch]` is the time the training loop waited for data."""
 
-    def __init__(self, dataset, batch_sampler, prefetch=4):
-        self.dataset, self.batch_sampler, self.prefetch = dataset, batch_sampler, prefetch
+    def __init__(self, dataset, batch_sampler, prefetch=4, assemble=stacked):
+        self.dataset, self.batch_sampler, self.prefetch, self.assemble = dataset, batch_sampler, prefetch, assemble
         self.wait_s = {}
         self._ahead = None          # (epoch, reader) started at the end of the previous epoch
 
@@ -98,12 +109,8 @@ class PrefetchLoader:
         epoch = self.batch_sampler.epoch
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
-        return epoch, Prefetcher(self._collated(iter(self.batch_sampler)), self.prefetch)
-
-    def _collated(self, batches):
-        for batch in batches:
-            samples = [self.dataset[i] for i in batch]
-            yield [np.stack(field) for field in zip(*samples)]
+        samples = ([self.dataset[i] for i in batch] for batch in iter(self.batch_sampler))
+        return epoch, Prefetcher(self.assemble(epoch, samples), self.prefetch)
 
 
 def image_loader(images, strategy=None, batch_size=None, *, crop=224, resize=256, training=True, source=None,
@@ -116,25 +123,32 @@ def image_loader(images, strategy=None, batch_size=None, *, crop=224, resize=256
         raise DataError(f"image_loader needs batch_size >= 1 (samples per rank per step), got {batch_size}")
     seed = int(config.seed) if seed is None else seed
     root, names, labels = image_list(images)
-    if config.loader == "dali":
+    if config.loader not in ("paddle", "dali"):
+        raise DataError(f"data_configs.loader = {config.loader!r}: use 'paddle' or 'dali'")
+    if config.loader == "dali" and not config.cache_levels:
         return _dali_batches(images, root, names, labels, config, batch_size, crop, resize, training, seed,
                              num_threads)
-    if config.loader != "paddle":
-        raise DataError(f"data_configs.loader = {config.loader!r}: use 'paddle' or 'dali'")
-    augment = functools.partial(augment_image, crop=crop) if training else None
+    if config.loader == "dali":        # cache after decode: DALI augments what the cache delivers
+        decode_size, augment = resize, None
+    else:
+        decode_size, augment = (resize, functools.partial(augment_image, crop=crop)) if training else (crop, None)
     dataset = CachedSamples(source or FileSource(root), names, labels,
-                            functools.partial(decode_image, size=resize if training else crop), augment,
+                            functools.partial(decode_image, size=decode_size), augment,
                             levels=config.cache_levels, cache_dir=config.cache_dir,
                             memory_bytes=config.memory_cache_MB << 20, seed=seed)
     sampler_type = NodePartitionBatchSampler if config.cache_levels else DistributedBatchSampler
     sampler = sampler_type(dataset, batch_size, shuffle=training, seed=seed, equal_batches=config.equal_batches)
-    return PrefetchLoader(dataset, sampler, prefetch)
+    if config.loader == "paddle":
+        return PrefetchLoader(dataset, sampler, prefetch)
+    here = job.topology()
+    gpu = here.device == "gpu"
+    augmentation = DaliAugmentation(batch_size, here.rank, dataset.seed, device="gpu" if gpu else "cpu",
+                                    device_id=here.device_id if gpu else None, crop=crop, resize=resize,
+                                    training=training, num_threads=num_threads)
+    return PrefetchLoader(dataset, sampler, prefetch, augmentation)
 
 
 def _dali_batches(images, root, names, labels, config, batch_size, crop, resize, training, seed, num_threads):
-    if config.cache_levels:
-        raise DataError("data_configs.cache_levels do not apply to loader 'dali' (DALI reads the files itself): "
-                        "leave cache_levels empty, or use loader 'paddle' for the cache")
     if os.path.isdir(images):      # DALI's own folder reading skips nothing; give it the same list
         images = os.path.join(config.cache_dir, f"dali-files-{os.getpid()}.txt")
         os.makedirs(config.cache_dir, exist_ok=True)

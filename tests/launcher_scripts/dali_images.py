@@ -3,7 +3,8 @@
 Each rank builds `fleetlite.data.image_loader(LIST, strategy, batch)` with loader "dali" and
 trains a linear classifier on it (a gradient all-reduce per step, so unequal batch counts would
 hang) for two epochs per equal_batches policy, recording the labels (each image's label is its
-index) and shapes of every batch. Then it runs the evaluation pipeline (resize + centre crop,
+index) and shapes of every batch; then two epochs with the cache levels on (DALI augmenting what
+the node's shared cache delivers), with the cache's hit and miss counts. Then it runs the evaluation pipeline (resize + centre crop,
 no flip) once and saves every image it decoded, by label, for the test to compare with PIL.
 Writes OUT/result.RANK.json and OUT/eval.RANK.npz.
 """
@@ -54,6 +55,18 @@ def main():
             result["epochs"][f"{policy}/{epoch}"] = seen
 
     strategy.data_configs.equal_batches = "pad"
+    strategy.data_configs.cache_levels = ["disk", "memory"]
+    batches = fleetlite.data.image_loader(args.list, strategy, args.batch, crop=args.crop, resize=args.resize)
+    for epoch in range(2):
+        seen = []
+        for images, labels in batches:
+            exe.run(main_program, feed={"image": images, "label": labels}, fetch_list=[loss])
+            seen.append({"labels": labels.ravel().tolist(), "shape": list(images.shape), "dtype": str(images.dtype),
+                         "label_dtype": str(labels.dtype)})
+        result["epochs"][f"cached/{epoch}"] = seen
+    batches.close()
+    result["cache_stats"] = [batches.dataset.stats(epoch) for epoch in range(2)]
+    strategy.data_configs.cache_levels = []
     decoded = {}
     for images, labels in fleetlite.data.image_loader(args.list, strategy, args.batch, crop=args.crop,
                                                       resize=args.resize, training=False):
