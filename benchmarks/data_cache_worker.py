@@ -3,8 +3,9 @@ settings["out"]/rank.RANK.json.
 
 Throughput: epochs of this rank's batches of the JPEG set, no compute, interleaved per round:
 uncached (every read from the throttled source), the cache's epoch >= 2 (memory level), and
-the same decoded samples as .npy files read from the OS page cache, all with the same
-augmentation; the cache's first epoch (cold) is timed once. Stall: data parallel training
+the same decoded samples as .npy files read from the OS page cache, each delivering the decoded
+samples, augmented in Python (PIL/numpy in the prefetch thread), or augmented in DALI CPU
+operators (the DALI path with the cache); the cache's first epoch (cold) is timed once. Stall: data parallel training
 (fleet, gloo all-reduce) of the digits MLP and of a small conv net on the JPEGs, fed from the
 cache; the stall is the time a step waited for its batch, over epochs >= 2.
 """
@@ -18,6 +19,8 @@ import numpy as np
 
 from fleetlite.data import (CachedSamples, NodePartitionBatchSampler, PrefetchLoader, ThrottledSource, all_reduce_sums,
                             image_list)
+from fleetlite.data.dali_augmentation import DaliAugmentation
+from fleetlite.data.image_loader import stacked
 from fleetlite.data.image_transforms import augment_image, decode_image
 from fleetlite.data.job import topology
 
@@ -56,7 +59,8 @@ def timed_epoch(batches):
 
 def throughput(settings, here):
     """Epoch times of every (contender, variant): "decoded" delivers the decoded samples (the
-    data path the cache replaces), "augmented" adds the random crop, flip and normalize."""
+    data path the cache replaces), "augmented" adds the random crop, flip and normalize in
+    Python, "dali_augmented" the same in DALI's CPU operators on `threads` threads."""
     root, names, labels = image_list(settings["images"])
     source = ThrottledSource(root, settings["bandwidth_MBps"], settings["latency_ms"])
     decode = functools.partial(decode_image, size=settings["resize"])
@@ -66,14 +70,18 @@ def throughput(settings, here):
     for index in sampler.partition:
         with open(os.path.join(root, names[index]), "rb") as jpeg:
             np.save(os.path.join(page_folder, f"{index}.npy"), decode(jpeg.read()))
+    python_augment = functools.partial(augment_image, crop=settings["crop"])
+    dali_augment = DaliAugmentation(settings["batch"], here.rank, 0, crop=settings["crop"], resize=settings["resize"],
+                                    num_threads=settings["threads"])
     contenders = {}
-    for variant, augment in (("decoded", None), ("augmented", functools.partial(augment_image, crop=settings["crop"]))):
+    for variant, augment, assemble in (("decoded", None, stacked), ("augmented", python_augment, stacked),
+                                       ("dali_augmented", None, dali_augment)):
         for name, levels in (("cached", ["disk", "memory"]), ("uncached", [])):
             samples = CachedSamples(source, names, labels, decode, augment, levels=levels, seed=0,
                                     cache_dir=settings["cache_dir"], memory_bytes=settings["memory_cache_MB"] << 20)
-            contenders[f"{name}/{variant}"] = PrefetchLoader(samples, sampler)
+            contenders[f"{name}/{variant}"] = PrefetchLoader(samples, sampler, assemble=assemble)
         page = PageCacheSamples(page_folder, labels, augment, 0)
-        contenders[f"page_cache/{variant}"] = PrefetchLoader(page, sampler)
+        contenders[f"page_cache/{variant}"] = PrefetchLoader(page, sampler, assemble=assemble)
     cold = contenders["cached/decoded"]
     barrier()
     cold_s = timed_epoch(cold)                       # the first epoch: source -> disk -> memory

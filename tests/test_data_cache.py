@@ -1,7 +1,8 @@
 """The multi-level sample cache: hit and miss counts per epoch, feeds identical to an uncached
 run, the memory bound with a fixed resident subset, a job killed in its first epoch that
-restarts without a torn entry, one copy shared by the ranks of a node (resident memory
-measured), the node-partition sampler, and the prefetcher."""
+restarts without a torn entry, a memory slot whose writer was killed mid-write reclaimed by one
+later writer, one copy shared by the ranks of a node (resident memory measured), the
+node-partition sampler, and the prefetcher."""
 import functools
 import os
 import signal
@@ -22,6 +23,7 @@ from fleetlite.data import (CachedSamples, FileSource, NodePartitionBatchSampler
 from fleetlite.data.disk_cache import DiskCache
 from fleetlite.data.image_transforms import augment_image, decode_image
 from fleetlite.data.prefetch import Prefetcher
+from fleetlite.data.shared_store import RESERVED, SharedSampleStore
 from fleetlite.errors import DataError
 from multiprocess import run_job
 
@@ -144,6 +146,53 @@ def test_a_job_killed_in_its_first_epoch_leaves_no_torn_entry_and_the_restart_re
     stats = restarted.stats(0)
     assert stats["memory_hits"] == len(in_memory)
     assert stats["disk_hits"] == len(copied) - len(in_memory) and stats["disk_misses"] == 30 - len(copied)
+
+
+STALLED_WRITER = """
+import sys, time
+from pathlib import Path
+from fleetlite.data import CachedSamples, FileSource
+from fleetlite.data.shared_store import SharedSampleStore
+source, names, cache, store, marker = sys.argv[1], sys.argv[2].split(","), sys.argv[3], sys.argv[4], sys.argv[5]
+
+def write_half_then_hang(self, start, arrays):       # a writer killed in the middle of its copy
+    self._map[start:start + 64] = b"x" * 64
+    Path(marker).touch()
+    time.sleep(60)
+
+SharedSampleStore._write = write_half_then_hang
+samples = CachedSamples(FileSource(source), names, levels=["memory"], cache_dir=cache, memory_bytes=1 << 20,
+                        store_folder=store)
+samples[2]
+"""
+
+
+def test_a_slot_whose_writer_was_killed_mid_write_is_reclaimed_by_one_later_writer_and_then_hit(tmp_path):
+    source, names = float_files(tmp_path / "source", 4)
+    store, marker = tmp_path / "store", tmp_path / "reserved"
+    store.mkdir()
+    settings = dict(levels=["memory"], cache_dir=tmp_path / "cache", memory_bytes=1 << 20, store_folder=store)
+    writer = subprocess.Popen([sys.executable, "-c", STALLED_WRITER, str(source), ",".join(names),
+                               str(settings["cache_dir"]), str(store), str(marker)], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert time.monotonic() < deadline and writer.poll() is None, "the writer never reserved sample 2"
+        time.sleep(0.01)
+    os.killpg(writer.pid, signal.SIGKILL)
+    writer.wait(timeout=30)
+
+    reader = CachedSamples(FileSource(source), names, **settings)       # the writer's store: same arguments
+    state, _, _, pid = reader.memory.table[2]
+    assert (state, pid) == (RESERVED, writer.pid) and 2 not in reader.memory   # reserved by the dead, never read
+    rivals = [SharedSampleStore(reader.memory.path, 4, 1 << 20) for _ in range(2)]   # two writers (own locks)
+    sample = (np.frombuffer((source / names[2]).read_bytes(), np.uint8),)   # what the writer was storing
+    with ThreadPoolExecutor(2) as pool:
+        stored = list(pool.map(lambda store: store.put(2, sample), rivals))
+    assert sorted(stored) == [False, True]                          # exactly one reclaims the slot
+    assert reader.memory.table[2]["writer"] == os.getpid() and reader.memory.used == reader.memory.table[2]["nbytes"]
+    assert np.array_equal(reader[2][0], sample[0]) and reader.stats(0) == {"memory_hits": 1}
+    for rival in rivals:
+        rival.close()
 
 
 def test_two_ranks_of_a_node_share_one_copy_of_the_memory_level(tmp_path):

@@ -8,9 +8,12 @@ level below. Under repeated full scans (training epochs) that gives a hit rate e
 resident fraction, where an LRU cache smaller than the data misses every time.
 
 Writers reserve arena space under a file lock (the only lock, taken once per written sample),
-copy the sample in, then mark the entry ready; readers use only ready entries. A process killed
-while writing leaves a reserved entry that is never read (that sample is served from below):
-there is no torn entry to read.
+copy the sample in, then mark the entry ready; readers use only ready entries, so there is no
+torn entry to read. A reservation records its writer's pid: a process killed while writing
+leaves a reserved entry that the next writer of that sample reclaims, under the same lock, once
+the pid no longer exists (reusing the reserved space when the sample fits in it). The ranks of
+a node must therefore share a pid namespace, as fleetrun's children do; a dead writer whose
+pid was reused by a live process keeps its slot until that process exits.
 """
 import fcntl
 import mmap
@@ -22,10 +25,11 @@ import time
 import numpy as np
 
 from fleetlite.errors import DataError
+from fleetlite.process_liveness import process_exists
 
-MAGIC = b"FLSTORE1"
+MAGIC = b"FLSTORE2"
 HEADER = struct.Struct("<8sQQQ")           # magic, entries, capacity (arena bytes), bytes used
-ENTRY = np.dtype([("state", "<u8"), ("offset", "<u8"), ("nbytes", "<u8")])
+ENTRY = np.dtype([("state", "<u8"), ("offset", "<u8"), ("nbytes", "<u8"), ("writer", "<u8")])   # writer: a pid
 EMPTY, RESERVED, READY = 0, 1, 2
 ALIGN = 64                                   # each sample starts on a cache line
 ARRAY_HEAD = struct.Struct("<8sQ")          # dtype string, number of dimensions
@@ -47,7 +51,7 @@ def encoded_size(arrays):
 class SharedSampleStore:
     """A bounded, no-evict map {sample index: tuple of numpy arrays} shared by the processes
     that open the same `path` (every rank of a node). `capacity` bounds the arena in bytes; the
-    table adds 24 bytes per entry."""
+    table adds 32 bytes per entry."""
 
     def __init__(self, path, entries, capacity, timeout=60.0):
         self.path, self.entries, self.capacity = path, int(entries), int(capacity)
@@ -76,6 +80,9 @@ class SharedSampleStore:
             head = os.pread(self._fd, HEADER.size, 0)
             if len(head) == HEADER.size and head[:8] == MAGIC:
                 break
+            if head[:7] == MAGIC[:7] and head[:8] != MAGIC:
+                raise DataError(f"the shared sample store {self.path} was made by another fleetlite version "
+                                f"({head[:8].decode(errors='replace')}, this one reads {MAGIC.decode()}): remove it")
             if time.monotonic() > deadline:
                 raise DataError(f"the shared sample store {self.path} was never completed by the process "
                                 f"that created it ({timeout:.0f} s); remove the file and restart")
@@ -112,24 +119,36 @@ class SharedSampleStore:
         return tuple(arrays)
 
     def put(self, index, arrays):
-        """Store sample `index` if it is not there and fits; True when this call stored it."""
+        """Store sample `index` if it is not there (or only reserved by a writer that died) and
+        fits; True when this call stored it."""
         arrays = [np.ascontiguousarray(a) for a in arrays]
         nbytes = _round_up(encoded_size(arrays), ALIGN)
         with self._thread_lock:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
-                if int(self.table["state"][index]) != EMPTY:
-                    return False
-                used = self.used
-                if used + nbytes > self.capacity:
-                    return False
-                struct.pack_into("<Q", self._map, 24, used + nbytes)
-                self.table[index] = (RESERVED, used, nbytes)
+                start = self._reserve(index, nbytes)
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
-        self._write(self.arena_start + used, arrays)
+        if start is None:
+            return False
+        self._write(self.arena_start + start, arrays)
         self.table["state"][index] = READY
         return True
+
+    def _reserve(self, index, nbytes):
+        """Arena offset reserved for sample `index` by this process, or None (held lock)."""
+        state, offset, reserved, writer = (int(field) for field in self.table[index])
+        if state == READY or (state == RESERVED and process_exists(writer)):
+            return None
+        if state == RESERVED and nbytes <= reserved:       # a dead writer's space, reused
+            self.table[index] = (RESERVED, offset, reserved, os.getpid())
+            return offset
+        used = self.used
+        if used + nbytes > self.capacity:
+            return None
+        struct.pack_into("<Q", self._map, 24, used + nbytes)
+        self.table[index] = (RESERVED, used, nbytes, os.getpid())
+        return used
 
     def _write(self, start, arrays):
         struct.pack_into("<Q", self._map, start, len(arrays))
