@@ -2,10 +2,12 @@
 
     fleetrun --nproc_per_node 2 examples/train_images.py --images photos/ --cache         # PIL + the cache
     fleetrun --nproc_per_node 2 examples/train_images.py --images photos/ --loader dali   # DALI
+    fleetrun --nproc_per_node 2 examples/train_images.py --images photos/ --loader dali --cache   # both
 
 `photos/<class>/<image>.jpg` (or a DALI file list). With --cache the first epoch copies the files
 to a local disk cache and keeps the decoded images in a shared-memory store per node; later
-epochs read them from memory. Each epoch prints its time, the time spent waiting for data and
+epochs read them from memory (with --loader dali too, DALI then augmenting what the cache
+decoded). Each epoch prints its time, the time spent waiting for data and
 (with the cache) this rank's hit and miss counts. Without --images, 64 synthetic JPEGs are written
 to $TMPDIR/fleetlite_example_images first (--slow_MBps then throttles reads from it, as a network
 file system would).
@@ -83,7 +85,8 @@ def main():
     exe = paddle.static.Executor(paddle.CPUPlace())
     exe.run(startup)
 
-    extra = {"source": source} if args.loader == "paddle" else {}
+    through_cache = args.loader == "paddle" or args.cache      # not DALI's own file reader
+    extra = {"source": source} if through_cache else {}
     batches = fleetlite.data.image_loader(images, strategy, args.batch_size, crop=args.crop,
                                           resize=args.crop + args.crop // 7, **extra)
     for epoch in range(args.epochs):
@@ -92,7 +95,7 @@ def main():
             (value,) = exe.run(main_program, feed={"image": features, "label": labels}, fetch_list=[loss])
             losses.append(float(value))
         line = f"rank {fleet.worker_index()} epoch {epoch}: {time.perf_counter() - start:.2f} s, loss {np.mean(losses):.3f}"
-        if args.loader == "paddle":
+        if through_cache:
             line += f", waited {batches.wait_s[epoch]:.2f} s for data"
             if args.cache:
                 line += f", {batches.dataset.stats(epoch)}"

@@ -43,7 +43,9 @@ def test_data_cache_driver_runs_quick_and_reports_every_key(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(out.read_text())
     assert {"uncached_epoch_s", "epoch1_s", "epoch2_s", "page_cache_epoch_s", "stall_fraction",
-            "resident_bytes_per_node", "sizes", "decode_images_per_s"} <= set(report)
+            "resident_bytes_per_node", "sizes", "decode_images_per_s", "with_augmentation", "with_dali_augmentation",
+            "load_average_1_5_15_min"} <= set(report)
+    assert report["with_dali_augmentation"]["cached_epoch_s"] > 0
     for first in report["hits_misses"]["epoch1"]:   # a rank reading ahead may decode a sample the other needs
         assert first["memory_misses"] + first.get("memory_hits", 0) == 12
         assert first["memory_misses"] == first["disk_misses"] + first.get("disk_hits", 0)

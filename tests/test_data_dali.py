@@ -108,7 +108,8 @@ def test_dali_augmentation_after_the_cache_feeds_bit_identical_batches_with_and_
         if epoch == 0:
             cached_batches.close()          # drops the read-ahead of epoch 1, which DALI had begun to augment
         without = list(plain_batches)
-        assert [b[1].ravel().tolist() for b in with_cache] == cached_batches.batch_sampler.batches(epoch)  # label = index
+        order = [b[1].ravel().tolist() for b in with_cache]
+        assert order == cached_batches.batch_sampler.batches(epoch)       # label = index: the sampler's order
         assert [b[0].shape for b in with_cache] == [(4, 3, CROP, CROP)] * 5 + [(3, 3, CROP, CROP)]
         assert with_cache[0][0].dtype == np.float32 and with_cache[0][1].dtype == np.int64
         for mine, theirs in zip(with_cache, without, strict=True):

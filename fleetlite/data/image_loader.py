@@ -66,9 +66,10 @@ def stacked(epoch, sample_batches):
 class PrefetchLoader:
     """Batches of `dataset` in `batch_sampler`'s order, read ahead by a thread. `assemble(epoch,
     batches of samples)` turns an epoch's samples into what is fed: stacked numpy fields by
-    default, DALI-augmented batches on the DALI path with the cache. When an epoch's last batch is handed out, the next epoch's first batches
-    are read already (unless `set_epoch` then picks another epoch), so no epoch starts with an
-    empty queue. `wait_s[epoch]` is the time the training loop waited for data."""
+    default, DALI-augmented batches on the DALI path with the cache. When an epoch's last batch
+    is handed out, the next epoch's first batches are read already (unless `set_epoch` then
+    picks another epoch), so no epoch starts with an empty queue. `wait_s[epoch]` is the time
+    the training loop waited for data."""
 
     def __init__(self, dataset, batch_sampler, prefetch=4, assemble=stacked):
         self.dataset, self.batch_sampler, self.prefetch, self.assemble = dataset, batch_sampler, prefetch, assemble

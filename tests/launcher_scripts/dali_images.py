@@ -4,8 +4,9 @@ Each rank builds `fleetlite.data.image_loader(LIST, strategy, batch)` with loade
 trains a linear classifier on it (a gradient all-reduce per step, so unequal batch counts would
 hang) for two epochs per equal_batches policy, recording the labels (each image's label is its
 index) and shapes of every batch; then two epochs with the cache levels on (DALI augmenting what
-the node's shared cache delivers), with the cache's hit and miss counts. Then it runs the evaluation pipeline (resize + centre crop,
-no flip) once and saves every image it decoded, by label, for the test to compare with PIL.
+the node's shared cache delivers), with the cache's hit and miss counts. Then it runs the
+evaluation pipeline (resize + centre crop, no flip) once and saves every image it decoded, by
+label, for the test to compare with PIL.
 Writes OUT/result.RANK.json and OUT/eval.RANK.npz.
 """
 import argparse
