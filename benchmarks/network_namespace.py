@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 from fleetlite.process_liveness import process_exists
 from harness import WorkerGroup
@@ -107,6 +108,16 @@ def isolated_groups(contenders, world, rate=None):
             if group:
                 group.close()
             namespace.__exit__()
+
+
+def own_loopback_bytes():
+    """Bytes sent over the loopback of the calling process's namespace (/proc/net/dev is per
+    namespace), for a worker that counts its own job's traffic."""
+    for line in Path("/proc/net/dev").read_text().splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == "lo":
+            return int(counters.split()[8])
+    raise RuntimeError("no loopback interface in /proc/net/dev")
 
 
 def remove_stale():

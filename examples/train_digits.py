@@ -67,6 +67,7 @@ MODELS = {"mlp": mlp, "conv": conv}
 
 
 def build(hidden, lr, strategy, model="mlp"):
+    """The training and test programs; the compile report says what fleetlite did to the first."""
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(main, startup):
         x = paddle.static.data("x", [None, 64], "float32")
@@ -78,7 +79,7 @@ def build(hidden, lr, strategy, model="mlp"):
         test_logits = mapping.look_up(logits)
         optimizer = fleet.distributed_optimizer(paddle.optimizer.Momentum(lr, momentum=0.9), strategy)
         optimizer.minimize(loss)
-    return main, startup, test_program, loss, test_logits
+    return main, startup, test_program, loss, test_logits, optimizer.compile_report
 
 
 def checkpoint_path(directory):
@@ -116,7 +117,7 @@ def main():
     if args.batch_size % world:
         raise SystemExit(f"--batch_size {args.batch_size} must be divisible by the {world} workers")
     paddle.seed(0)
-    main_program, startup, test_program, loss, test_logits = build(args.hidden, args.lr, strategy, args.model)
+    main_program, startup, test_program, loss, test_logits, _ = build(args.hidden, args.lr, strategy, args.model)
     place = paddle.CPUPlace()
     exe = paddle.static.Executor(place)
     exe.run(startup)
