@@ -101,6 +101,8 @@ def main():
                     request = {"op": "train", "model": model, "seed": seed, "epochs": args.epochs,
                                "count_bytes": reason is None, **fields}
                     results[(model, name)].append(started[job][0].ask(request)[0])
+                print(f"{model} {name}: accuracy "
+                      + " ".join(f"{r['accuracy']:.3f}" for r in results[(model, name)]), flush=True)
         foreign = load.foreign_share()
     rows = summarize(results, dense_of)
     print_table(f"Digits, {WORLD} ranks, {args.epochs} epochs, {args.seeds} seeds: final test accuracy (%) and "
