@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -92,8 +93,10 @@ class NetworkNamespace:
 @contextlib.contextmanager
 def isolated_groups(contenders, world, rate=None):
     """Yield [(WorkerGroup, NetworkNamespace)] for `contenders` [(name, worker argv)], each group in a
-    namespace of its own, its loopback shaped to `rate` if given; all stopped and deleted on exit."""
+    namespace of its own, its loopback shaped to `rate` if given; all stopped and deleted on exit,
+    a SIGTERM included (a SIGKILL leaves them to `remove_stale` at the next start)."""
     started = []
+    previous = signal.signal(signal.SIGTERM, _exit_on_terminate)
     try:
         for name, argv in contenders:
             namespace = NetworkNamespace(f"{rate or 'lo'}-{name}".replace(".", "_"))
@@ -108,6 +111,12 @@ def isolated_groups(contenders, world, rate=None):
             if group:
                 group.close()
             namespace.__exit__()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_terminate(signum, frame):
+    """SIGTERM unwinds like an error, so the namespaces are deleted on the way out."""
+    raise SystemExit(f"terminated by signal {signum}")
 
 
 def own_loopback_bytes():
