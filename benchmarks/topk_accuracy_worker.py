@@ -47,8 +47,8 @@ def train(request, data):
         losses = [train_digits.run_epoch(exe, main, loss, batches) for _ in range(request["epochs"])]
         fleet.barrier_worker()
         after = own_loopback_bytes() if request["count_bytes"] else None
-        accuracy, _ = train_digits.test_accuracy(exe, test_program, test_logits,
-                                                 train_digits.Digits(x_test, y_test), strategy)
+        accuracy, _ = train_digits.evaluate(exe, test_program, test_logits,
+                                             train_digits.Digits(x_test, y_test), strategy)
     steps = sum(len(epoch) for epoch in losses)
     return {"accuracy": accuracy, "steps": steps, "final_loss": losses[-1][-1],
             "bytes_per_step": (after - before) / steps if before is not None else None,

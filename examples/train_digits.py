@@ -108,6 +108,22 @@ def restore_checkpoint(path, main, place):
     return int(saved["epoch"]) + 1
 
 
+def run_epoch(exe, main_program, loss, train):
+    """One pass over this rank's batches; the losses, step by step."""
+    return [float(exe.run(main_program, feed={"x": x, "label": label}, fetch_list=[loss])[0]) for x, label in train]
+
+
+def evaluate(exe, test_program, test_logits, test_set, strategy):
+    """(accuracy, samples) over every rank's share of `test_set`, each sample counted once."""
+    correct = seen = 0
+    for x, label in fleetlite.data.loader(test_set, strategy, 64, evaluation=True):
+        (scores,) = exe.run(test_program, feed={"x": x, "label": label}, fetch_list=[test_logits])
+        correct += int((np.argmax(scores, axis=1) == np.array(label)[:, 0]).sum())
+        seen += len(scores)
+    correct, count = fleetlite.data.all_reduce_sums([correct, seen])
+    return correct / count, int(count)
+
+
 def main():
     args = parse_args()
     paddle.enable_static()
@@ -141,25 +157,9 @@ def main():
                 save_checkpoint(checkpoint, main_program, epoch)
         fleet.barrier_worker()
 
-    accuracy, count = test_accuracy(exe, test_program, test_logits, Digits(x_test, y_test), strategy)
+    accuracy, count = evaluate(exe, test_program, test_logits, Digits(x_test, y_test), strategy)
     if rank == 0:
         print(f"test accuracy {accuracy:.4f} on {count} held-out digits", flush=True)
-
-
-def run_epoch(exe, main_program, loss, train):
-    """One pass over this rank's batches; the losses, step by step."""
-    return [float(exe.run(main_program, feed={"x": x, "label": label}, fetch_list=[loss])[0]) for x, label in train]
-
-
-def test_accuracy(exe, test_program, test_logits, test_set, strategy):
-    """(accuracy, samples) over every rank's share of `test_set`, each sample counted once."""
-    correct = seen = 0
-    for x, label in fleetlite.data.loader(test_set, strategy, 64, evaluation=True):
-        (scores,) = exe.run(test_program, feed={"x": x, "label": label}, fetch_list=[test_logits])
-        correct += int((np.argmax(scores, axis=1) == np.array(label)[:, 0]).sum())
-        seen += len(scores)
-    correct, count = fleetlite.data.all_reduce_sums([correct, seen])
-    return correct / count, int(count)
 
 
 if __name__ == "__main__":
