@@ -12,8 +12,9 @@ Two ranks train examples/train_digits.py's MLP and conv net once per (model, con
 Each job runs in a network namespace of its own where it can (root, iproute2), so the loopback
 counter gives the bytes per training step actually sent (both directions); elsewhere only the
 formula's bytes are shown. The table: final test accuracy mean and standard deviation over the
-seeds, the difference to the same framework's dense run in percentage points, the bytes per step
-(measured and formula), and dense bytes / this.
+seeds, the difference to the same framework's dense run in percentage points (fleetlite's when
+plain DDP is not among the peers), the bytes per step (measured and formula), and dense bytes /
+this.
 """
 import contextlib
 import importlib.util

@@ -3,7 +3,8 @@
 An exchange is one entry of EXCHANGES: a name, the strategy fields that select it (on top of
 the CPU preset, configs/cpu_gloo.yaml) and the formula of the bytes a rank sends per step. A new
 exchange (hierarchical top-k, dgc) is one more entry; without a formula of its own its bytes are
-measured but not predicted.
+measured but not predicted, and with a `family` and `density` it joins the throttled benchmark's
+density sweep.
 
 Formulas (W ranks, gloo, read in gloo's allreduce.cc and allgather.cc; Paddle's GlooCommContext
 calls gloo::allreduce without choosing an algorithm, which is the ring):
@@ -47,9 +48,13 @@ def dense_and_one_level_topk_bytes(report, world):
 
 @dataclass(frozen=True)
 class Exchange:
+    """`family` and `density` place a sparse exchange on a density sweep (topk_throttled.py finds,
+    per family, the largest density at which it beats dense)."""
     name: str
     fields: dict = field(default_factory=dict)
     formula: Optional[Callable] = dense_and_one_level_topk_bytes
+    family: Optional[str] = None
+    density: Optional[float] = None
 
     def strategy(self, **more):
         """The CPU preset with this exchange's fields, then `more` (e.g. data_configs for a seed)."""
@@ -58,14 +63,13 @@ class Exchange:
             setattr(strategy, name, value)
         return strategy
 
-    def is_dense(self):
-        return not self.fields
-
 
 def topk(density, error_feedback=True, warmup_steps=0):
+    family = "topk" if error_feedback else "topk_no_ef"
     name = f"topk_{density:g}" + ("" if error_feedback else "_no_ef")
     return Exchange(name, {"topk": True, "topk_configs": {
-        "density": density, "error_feedback": error_feedback, "warmup_steps": warmup_steps}})
+        "density": density, "error_feedback": error_feedback, "warmup_steps": warmup_steps}},
+        family=family, density=density)
 
 
 DENSE = Exchange("dense")

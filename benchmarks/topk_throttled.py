@@ -7,11 +7,13 @@ topk_contenders.EXCHANGES; default dense and top-k at 0.1, 0.01, 0.001) trains a
 in a network namespace of its own whose loopback is shaped to that rate (`unshaped`: loopback at
 full speed). The exchanges of one rate run interleaved, round after round (harness protocol); a
 sample is the slowest rank's step, after a barrier. Shaping `lo` puts both directions on one link
-of the rate (network_namespace). Per rate the ratios give dense / top-k step time for each density
-and the largest density at which top-k is faster than dense. Where namespaces or tc cannot be
+of the rate (network_namespace). Per rate the ratios give dense / this step time for each exchange
+and, per family of exchanges swept over densities (topk_contenders), the largest density at which
+it is faster than dense. Where namespaces or tc cannot be
 used, it says why and exits cleanly.
 """
 import statistics
+from collections import defaultdict
 
 import network_namespace
 from harness import LoadCheck, print_table, protocol_parser, publish, publish_skipped, run_interleaved
@@ -33,9 +35,9 @@ def measure_rate(rate, names, args):
         return medians, load.foreign_share()
 
 
-def crossover(row_medians, dense):
-    """The largest density whose top-k step beats dense (None: none does)."""
-    faster = [density for density, median in row_medians.items() if median < dense]
+def crossover(sweep, dense):
+    """The largest density of {density: median step} whose step beats dense (None: none does)."""
+    faster = [density for density, median in sweep.items() if median < dense]
     return max(faster) if faster else None
 
 
@@ -63,16 +65,17 @@ def main():
         medians, foreign[rate] = measure_rate(rate, args.exchanges, args)
         rounds[rate] = medians
         dense = statistics.median(medians["dense"])
-        sparse = {}
+        families = defaultdict(dict)
         for name, values in medians.items():
             median = statistics.median(values)
             rows.append({"rate": rate, "exchange": name, "median_ms": median, "min_ms": min(values),
                          "max_ms": max(values), "dense_over_this": dense / median})
-            density = exchange(name).fields.get("topk_configs", {}).get("density")
-            if density is not None and name != "dense":
-                sparse[density] = median
+            if name != "dense":
                 ratios[f"{rate}_dense_over_{name}"] = dense / median
-        ratios[f"{rate}_topk_faster_from_density"] = crossover(sparse, dense)
+            if exchange(name).family:
+                families[exchange(name).family][exchange(name).density] = median
+        for family, sweep in families.items():
+            ratios[f"{rate}_{family}_faster_from_density"] = crossover(sweep, dense)
     print_table(f"Training step on a shaped loopback, {WORLD} ranks, MLP {args.layers}, batch {args.batch} per "
                 f"rank, {args.rounds} rounds; foreign CPU load per rate "
                 + ", ".join(f"{rate} {share:.0%}" for rate, share in foreign.items()), rows,
