@@ -72,11 +72,11 @@ class NetworkNamespace:
     def shape(self, rate):
         """Limit loopback to `rate` (tc's units: 100mbit, 1gbit) with a token bucket filter.
 
-        The bucket holds at least two loopback packets (tbf drops any packet larger than it) and
+        The bucket holds at least four loopback packets (tbf drops any packet larger than it) and
         1/100 s of traffic; the queue holds 0.2 s more, so TCP is slowed down, not dropped."""
-        rate_bytes = _rate_bytes(rate)
-        burst = max(4 * LOOPBACK_MTU, rate_bytes // 100)
-        limit = burst + max(rate_bytes // 5, 16 * LOOPBACK_MTU)
+        per_second = rate_bytes(rate)
+        burst = max(4 * LOOPBACK_MTU, per_second // 100)
+        limit = burst + max(per_second // 5, 16 * LOOPBACK_MTU)
         _run(["tc", "-n", self.name, "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate,
               "burst", str(burst), "limit", str(limit)])
 
@@ -138,7 +138,8 @@ def remove_stale():
             _ip("netns", "delete", name)
 
 
-def _rate_bytes(rate):
+def rate_bytes(rate):
+    """Bytes per second of a tc rate such as 100mbit (ValueError naming the accepted units)."""
     units = {"gbit": 10 ** 9 / 8, "mbit": 10 ** 6 / 8, "kbit": 10 ** 3 / 8}
     for unit, scale in units.items():
         if rate.endswith(unit):

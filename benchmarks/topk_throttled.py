@@ -54,6 +54,11 @@ def main():
     if args.quick:
         args.layers, args.rounds, args.warmup, args.reps = QUICK_LAYERS, 1, 1, 2
         args.rates, args.exchanges = ["100mbit"], ["dense", "topk_0.01", "topk_0.001"]
+    for rate in set(args.rates) - {UNSHAPED}:
+        try:
+            network_namespace.rate_bytes(rate)
+        except ValueError as error:
+            parser.error(f"--rates: {error}")
     reason = network_namespace.unavailable() or (
         network_namespace.shaping_unavailable() if set(args.rates) - {UNSHAPED} else None)
     if reason:
