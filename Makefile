@@ -46,6 +46,9 @@ bench: $(BENCH_STAMP)
 	cd benchmarks && ../$(PY) data_cache.py --json ../log/bench_data_cache.json
 	cd benchmarks && ../$(PY) amp_bf16.py --json ../log/bench_amp_bf16.json
 	cd benchmarks && ../$(PY) topk_select.py --json ../log/bench_topk_select.json
+	cd benchmarks && ../$(PY) topk_wire_bytes.py --json ../log/bench_topk_wire_bytes.json
+	cd benchmarks && ../$(PY) topk_throttled.py --json ../log/bench_topk_throttled.json
+	cd benchmarks && ../$(PY) topk_accuracy.py --json ../log/bench_topk_accuracy.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info log

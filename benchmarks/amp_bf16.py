@@ -7,12 +7,11 @@ without them the driver prints why it measures nothing and exits 0. Elsewhere it
 training steps per sample of each model in float32 and in bfloat16 O1, interleaved in one run,
 and reports S = t(float32) / t(bfloat16 O1) per model: above 1, bfloat16 is faster.
 """
-import json
 import statistics
 
 from fleetlite import paddle_noise
 from amp_worker import PRECISIONS
-from harness import measure, print_table, protocol_parser, publish
+from harness import measure, print_table, protocol_parser, publish, publish_skipped
 
 with paddle_noise.importing_paddle():
     import paddle
@@ -25,11 +24,7 @@ NO_BF16 = ("this CPU has no AVX512-BF16 (paddle.base.core.supports_bfloat16() is
 def main():
     args = protocol_parser(__doc__.splitlines()[0]).parse_args()
     if not paddle.base.core.supports_bfloat16():
-        print(f"skipped: {NO_BF16}")
-        if args.json:
-            with open(args.json, "w") as out:
-                json.dump({"skipped": NO_BF16}, out, indent=1)
-        return
+        return publish_skipped(NO_BF16, args.json)
     medians, foreign = measure([(f"{model}:{precision}", ["amp_worker.py", model, precision, str(batch)], 1)
                                 for model, batch in MODELS.items() for precision in PRECISIONS], args)
     rows = []

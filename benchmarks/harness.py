@@ -30,8 +30,9 @@ def free_port():
 class WorkerGroup:
     """`world` processes of one contender, driven by one JSON line per request."""
 
-    def __init__(self, name, argv, world=2, timeout=600, extra_env=None):
-        """`extra_env`: more variables for the workers (read at process start, e.g. glibc tunables)."""
+    def __init__(self, name, argv, world=2, timeout=600, extra_env=None, wrap=None):
+        """`extra_env`: more variables for the workers (read at process start, e.g. glibc tunables);
+        `wrap`: a function of a worker's command line returning the one to run (e.g. in a namespace)."""
         self.name, self.timeout = name, timeout
         port = free_port()
         self.processes = []
@@ -40,8 +41,9 @@ class WorkerGroup:
             env = dict(os.environ, **worker_env(topology), OMP_NUM_THREADS="1",
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                        WORLD_SIZE=str(world), GLOG_minloglevel="2", PYTHONUNBUFFERED="1", **(extra_env or {}))
+            command = [sys.executable, *argv]
             self.processes.append(subprocess.Popen(
-                [sys.executable, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                wrap(command) if wrap else command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, env=env, text=True, cwd=HERE))
         self.ask({"op": "ready"})
 
@@ -137,6 +139,14 @@ def publish(rows, ratios, foreign, medians, json_path):
     if json_path:
         with open(json_path, "w") as out:
             json.dump({"rows": rows, "ratios": ratios, "foreign_load": foreign, "rounds": medians}, out, indent=1)
+
+
+def publish_skipped(reason, json_path):
+    """Say why a benchmark cannot run on this machine (and write {"skipped": reason} if asked)."""
+    print(f"skipped: {reason}")
+    if json_path:
+        with open(json_path, "w") as out:
+            json.dump({"skipped": reason}, out, indent=1)
 
 
 class LoadCheck:

@@ -5,26 +5,32 @@ import time
 
 
 def serve(step, barrier, info=None):
-    """Run `step()` `reps` times per request; each sample starts after `barrier()`; an "info"
-    request answers `info()` (facts about the contender, e.g. memory it holds).
+    """Run `step()` `reps` times per request; each sample starts after `barrier()` (unless the
+    request says "sync": false, e.g. to count only the steps' own traffic); an "info" request
+    answers `info()` (facts about the contender, e.g. memory it holds).
 
     A step that returns a float reports its own time in ms (a paired difference, say).
     """
+    def measure(request):
+        times = []
+        for _ in range(request["reps"]):
+            if request.get("sync", True):
+                barrier()
+            started = time.perf_counter()
+            own = step()
+            elapsed = (time.perf_counter() - started) * 1000.0
+            times.append(own if isinstance(own, float) else elapsed)
+        return {"ms": times}
+
+    answer({"info": lambda request: {"info": info() if info else None}, "measure": measure})
+
+
+def answer(handlers):
+    """Reply to each request with `handlers[request["op"]](request)` (a JSON-able dict); "ready"
+    gets {"ok": true} and "quit" ends the loop."""
     for line in sys.stdin:
         request = json.loads(line)
         if request["op"] == "quit":
             return
-        if request["op"] == "ready":
-            reply = {"ok": True}
-        elif request["op"] == "info":
-            reply = {"info": info() if info else None}
-        else:
-            times = []
-            for _ in range(request["reps"]):
-                barrier()
-                started = time.perf_counter()
-                own = step()
-                elapsed = (time.perf_counter() - started) * 1000.0
-                times.append(own if isinstance(own, float) else elapsed)
-            reply = {"ms": times}
+        reply = {"ok": True} if request["op"] == "ready" else handlers[request["op"]](request)
         print(json.dumps(reply), flush=True)

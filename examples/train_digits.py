@@ -1,6 +1,6 @@
-"""Train an MLP on scikit-learn's digits, data parallel, with a strategy file.
+"""Train an MLP (or a small conv net) on scikit-learn's digits, data parallel, with a strategy file.
 
-    fleetrun --nproc_per_node 2 examples/train_digits.py --strategy configs/cpu_gloo.yaml
+    fleetrun --nproc_per_node 2 examples/train_digits.py --strategy configs/cpu_gloo.yaml [--model conv]
 
 The data come from `fleetlite.data.loader` (the strategy's data_configs pick the sampler): each
 step every rank takes its slice of the same global batch, so N processes follow the trajectory
@@ -27,7 +27,8 @@ def parse_args():
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch_size", type=int, default=64, help="global batch, split over ranks")
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--model", choices=sorted(MODELS), default="mlp")
+    parser.add_argument("--hidden", type=int, default=128, help="the MLP's hidden units")
     parser.add_argument("--checkpoint_dir", default=None)
     return parser.parse_args()
 
@@ -50,20 +51,35 @@ class Digits(paddle.io.Dataset):
         return self.x[i], self.y[i]
 
 
-def build(hidden, lr, strategy):
+def mlp(hidden):
+    return paddle.nn.Sequential(paddle.nn.Linear(64, hidden), paddle.nn.ReLU(), paddle.nn.Linear(hidden, 10))
+
+
+def conv(hidden):
+    """Two 3x3 convolutions on the 8x8 image and a linear classifier (`hidden` is the MLP's)."""
+    return paddle.nn.Sequential(paddle.nn.Unflatten(1, [1, 8, 8]),
+                                paddle.nn.Conv2D(1, 16, 3, padding=1), paddle.nn.ReLU(),
+                                paddle.nn.Conv2D(16, 32, 3, padding=1), paddle.nn.ReLU(),
+                                paddle.nn.Flatten(), paddle.nn.Linear(32 * 8 * 8, 10))
+
+
+MODELS = {"mlp": mlp, "conv": conv}
+
+
+def build(hidden, lr, strategy, model="mlp"):
+    """The training and test programs; the compile report says what fleetlite did to the first."""
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(main, startup):
         x = paddle.static.data("x", [None, 64], "float32")
         label = paddle.static.data("label", [None, 1], "int64")
-        logits = paddle.nn.Sequential(paddle.nn.Linear(64, hidden), paddle.nn.ReLU(),
-                                      paddle.nn.Linear(hidden, 10))(x)
+        logits = MODELS[model](hidden)(x)
         loss = paddle.nn.functional.cross_entropy(logits, label)
         mapping = paddle.pir.IrMapping()  # the clone's values, to fetch its logits
         test_program = main.clone(mapping)
         test_logits = mapping.look_up(logits)
         optimizer = fleet.distributed_optimizer(paddle.optimizer.Momentum(lr, momentum=0.9), strategy)
         optimizer.minimize(loss)
-    return main, startup, test_program, loss, test_logits
+    return main, startup, test_program, loss, test_logits, optimizer.compile_report
 
 
 def checkpoint_path(directory):
@@ -92,6 +108,22 @@ def restore_checkpoint(path, main, place):
     return int(saved["epoch"]) + 1
 
 
+def run_epoch(exe, main_program, loss, train):
+    """One pass over this rank's batches; the losses, step by step."""
+    return [float(exe.run(main_program, feed={"x": x, "label": label}, fetch_list=[loss])[0]) for x, label in train]
+
+
+def evaluate(exe, test_program, test_logits, test_set, strategy):
+    """(accuracy, samples) over every rank's share of `test_set`, each sample counted once."""
+    correct = seen = 0
+    for x, label in fleetlite.data.loader(test_set, strategy, 64, evaluation=True):
+        (scores,) = exe.run(test_program, feed={"x": x, "label": label}, fetch_list=[test_logits])
+        correct += int((np.argmax(scores, axis=1) == np.array(label)[:, 0]).sum())
+        seen += len(scores)
+    correct, count = fleetlite.data.all_reduce_sums([correct, seen])
+    return correct / count, int(count)
+
+
 def main():
     args = parse_args()
     paddle.enable_static()
@@ -101,7 +133,7 @@ def main():
     if args.batch_size % world:
         raise SystemExit(f"--batch_size {args.batch_size} must be divisible by the {world} workers")
     paddle.seed(0)
-    main_program, startup, test_program, loss, test_logits = build(args.hidden, args.lr, strategy)
+    main_program, startup, test_program, loss, test_logits, _ = build(args.hidden, args.lr, strategy, args.model)
     place = paddle.CPUPlace()
     exe = paddle.static.Executor(place)
     exe.run(startup)
@@ -114,10 +146,8 @@ def main():
     train = fleetlite.data.loader(Digits(x_train, y_train), strategy, args.batch_size // world, drop_last=True)
     train.batch_sampler.set_epoch(first_epoch)
     for epoch in range(first_epoch, args.epochs):
-        started, losses = time.perf_counter(), []
-        for x, label in train:
-            (value,) = exe.run(main_program, feed={"x": x, "label": label}, fetch_list=[loss])
-            losses.append(float(value))
+        started = time.perf_counter()
+        losses = run_epoch(exe, main_program, loss, train)
         elapsed = time.perf_counter() - started
         if rank == 0:
             throughput = len(losses) * args.batch_size / elapsed
@@ -127,14 +157,9 @@ def main():
                 save_checkpoint(checkpoint, main_program, epoch)
         fleet.barrier_worker()
 
-    correct = seen = 0
-    for x, label in fleetlite.data.loader(Digits(x_test, y_test), strategy, 64, evaluation=True):
-        (scores,) = exe.run(test_program, feed={"x": x, "label": label}, fetch_list=[test_logits])
-        correct += int((np.argmax(scores, axis=1) == np.array(label)[:, 0]).sum())
-        seen += len(scores)
-    correct, count = fleetlite.data.all_reduce_sums([correct, seen])
+    accuracy, count = evaluate(exe, test_program, test_logits, Digits(x_test, y_test), strategy)
     if rank == 0:
-        print(f"test accuracy {correct / count:.4f} on {int(count)} held-out digits", flush=True)
+        print(f"test accuracy {accuracy:.4f} on {count} held-out digits", flush=True)
 
 
 if __name__ == "__main__":

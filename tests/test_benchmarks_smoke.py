@@ -91,3 +91,21 @@ def test_pto_driver_runs_its_contenders_and_reports_update_times_and_state_bytes
     assert ratios["update_ms_one_rank"] > 0 and ratios["update_ms_pto"] > 0
     assert 0 < ratios["optimizer_state_bytes_per_rank"] < ratios["optimizer_state_bytes_unsharded"]
     assert ratios["model"] == "small_params"
+
+
+def test_topk_wire_bytes_driver_counts_what_the_formula_predicts_or_says_why_it_cannot(tmp_path):
+    out = tmp_path / "wire.json"
+    result = subprocess.run(
+        [sys.executable, "topk_wire_bytes.py", "--exchanges", "dense", "topk_0.01", "--layers", "64,512,10",
+         "--rounds", "1", "--warmup", "1", "--steps", "2", "--json", str(out)],
+        cwd=BENCHMARKS, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    if "skipped" in report:     # not root, or no iproute2: the reason is printed, nothing measured
+        assert result.stdout.startswith("skipped: ") and report["skipped"]
+        return
+    dense, sparse = report["rows"]
+    assert 1.0 <= dense["measured_over_predicted"] < 1.05      # gloo's ring all-reduce plus TCP framing
+    assert sparse["bytes_per_step"] < dense["bytes_per_step"] / 5
+    # 2 ranks: ceil(0.01 n) (value, index) pairs of 32768 and 5120 weights; 522 bias elements dense
+    assert sparse["predicted"] == 2 * ((328 + 52) * 8 + (512 + 10) * 4)

@@ -288,16 +288,18 @@ def test_density_1_is_the_dense_all_reduce_exactly(ranks):
 
 # ---- fleetrun ---------------------------------------------------------------------------------
 
-def test_the_digits_example_trains_with_topk_through_fleetrun(tmp_path):
+@pytest.mark.parametrize("model, least_accuracy", [("mlp", 0.75), ("conv", 0.85)])
+def test_the_digits_example_trains_with_topk_through_fleetrun(tmp_path, model, least_accuracy):
     env = {name: value for name, value in os.environ.items() if not name.startswith(("PADDLE_", "FLEETLITE_"))}
     result = subprocess.run([sys.executable, "-m", "fleetlite.launcher", "--nproc_per_node", "2", "--job_id", "topk",
                              "--log_dir", str(tmp_path / "log"), str(ROOT / "examples" / "train_digits.py"),
-                             "--strategy", str(ROOT / "configs" / "cpu_gloo_topk.yaml"), "--epochs", "4"],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+                             "--strategy", str(ROOT / "configs" / "cpu_gloo_topk.yaml"), "--epochs", "4",
+                             "--model", model], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     output = result.stdout + result.stderr
-    assert re.search(r"topk\s+COMMUNICATION\s+applied", output)
+    assert re.search(r"topk\s+COMMUNICATION\s+applied\s+\+\d+ -\d+\s+2 gradients as top-k", output)
     losses = [float(v) for v in re.findall(r"epoch \d+: loss ([0-9.]+)", output)]
     assert len(losses) == 4 and losses[-1] < 0.5 * losses[0], losses
     accuracy = float(re.search(r"test accuracy ([0-9.]+)", output).group(1))
-    assert accuracy > 0.75          # chance is 0.1; measured 0.84 after these 88 steps at density 0.01
+    # chance is 0.1; measured after these 88 steps at density 0.01: mlp 0.84, conv 0.95
+    assert accuracy > least_accuracy
