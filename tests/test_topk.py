@@ -15,7 +15,8 @@ import numpy as np
 import paddle
 import pytest
 
-from fleetlite import CompileError, StrategyConflictError, Topology, compiler, invariants, program_edit
+from fleetlite import (CompileError, DistributedStrategy, StrategyConflictError, Topology, compiler, invariants,
+                       program_edit)
 from fleetlite.ring_table import RingTable
 from fleetlite.strategies.topk import RESIDUAL_SUFFIX
 from multiprocess import run_job
@@ -462,15 +463,21 @@ def test_hierarchical_warm_up_starts_with_the_dense_sum_then_exchanges_the_top_k
 
 # ---- fleetrun ---------------------------------------------------------------------------------
 
-def test_the_digits_example_trains_with_topk_through_fleetrun(tmp_path):
+@pytest.mark.parametrize("hierarchical", [False, True], ids=["one_level", "hierarchical"])
+def test_the_digits_example_trains_with_topk_through_fleetrun(tmp_path, hierarchical):
+    """configs/cpu_gloo_topk.yaml as it is, and with topk_configs.hierarchical (2 ranks: one node of 2)."""
+    preset = DistributedStrategy.load(ROOT / "configs" / "cpu_gloo_topk.yaml")
+    preset.topk_configs.hierarchical = hierarchical
+    preset.save(tmp_path / "strategy.yaml")
     env = {name: value for name, value in os.environ.items() if not name.startswith(("PADDLE_", "FLEETLITE_"))}
     result = subprocess.run([sys.executable, "-m", "fleetlite.launcher", "--nproc_per_node", "2", "--job_id", "topk",
                              "--log_dir", str(tmp_path / "log"), str(ROOT / "examples" / "train_digits.py"),
-                             "--strategy", str(ROOT / "configs" / "cpu_gloo_topk.yaml"), "--epochs", "4"],
+                             "--strategy", str(tmp_path / "strategy.yaml"), "--epochs", "4"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     output = result.stdout + result.stderr
     assert re.search(r"topk\s+COMMUNICATION\s+applied", output)
+    assert ("as hierarchical top-k (1 nodes x 2 ranks" in output) == hierarchical
     losses = [float(v) for v in re.findall(r"epoch \d+: loss ([0-9.]+)", output)]
     assert len(losses) == 4 and losses[-1] < 0.5 * losses[0], losses
     accuracy = float(re.search(r"test accuracy ([0-9.]+)", output).group(1))
