@@ -101,11 +101,6 @@ class TopkExchange(Pass):
     phase = Phase.COMMUNICATION
     after = ("data_parallel", "gradient_scale_configs.scale_gradient")
     requires = ("data_parallel",)
-    conflicts = {
-        "amp": "top-k keeps a residual across steps; with loss scaling it would mix steps of different "
-               "scales and keep an overflowing step's inf, so selection after unscaling is needed first "
-               "(not implemented yet)",
-    }
     reads = ("topk", "topk_configs.density", "topk_configs.warmup_steps", "topk_configs.bisection_iterations",
              "topk_configs.error_feedback", "topk_configs.hierarchical", "topk_configs.min_numel",
              "hierarchical_allreduce_inter_nranks")
@@ -132,7 +127,7 @@ class TopkExchange(Pass):
             context.runtime_flags[IN_ORDER] = True
         levels = Levels.register(self.strategy, context.topology, context.rings) if configs.hierarchical else None
         exchange = _Exchange(context, configs, self.strategy.fp16_allreduce, step, levels)
-        rows = [exchange.emit(context.gradients[i]) for i in taken]
+        rows = [exchange.emit(i) for i in taken]
         return self._result(context, configs, rows, levels)
 
     @staticmethod
@@ -183,7 +178,8 @@ class _Exchange:
         # the ring and ranks of the sparse exchange: the world, or one position's ranks across nodes
         self.ring, self.ranks = (0, context.topology.world_size) if levels is None else (levels.inter, levels.nodes)
 
-    def emit(self, grad):
+    def emit(self, index):
+        grad = self.context.gradients[index]
         shape, numel = list(grad.grad.shape), math.prod(grad.grad.shape)
         size = 1 if self.levels is None else self.levels.size
         part = -(-numel // size)          # this rank's share: all of it, or 1/size of the padded gradient
@@ -197,7 +193,11 @@ class _Exchange:
             flat = grad.grad if len(shape) == 1 else paddle.reshape(grad.grad, [-1])
             if size > 1:
                 flat = self._node_share(flat, numel, part * size)
+            if self.context.loss_scaling is not None:
+                flat = paddle.multiply(flat, paddle.reciprocal(self.context.loss_scaling.scale))
             acc = flat if residual is None else paddle.add(flat, residual)
+            if self.context.loss_scaling is not None:
+                acc = self._finite_or_zeros(acc, index)
             if self.step is None:
                 outputs = self._sparse(acc, part, k, grad.name)
             else:
@@ -206,7 +206,7 @@ class _Exchange:
                                                 lambda: self._sparse(acc, part, k, grad.name))
             reduced = outputs[0]
             if residual is not None:
-                paddle.assign(outputs[1], output=residual)
+                self._keep(residual, outputs[1])
             if size > 1:
                 reduced = paddle._C_ops.all_gather(reduced, self.levels.intra, size)
                 if part * size > numel:
@@ -214,10 +214,27 @@ class _Exchange:
             grad.synced = reduced if len(shape) == 1 else paddle.reshape(reduced, shape)
         value_bytes = 2 if self.fp16_wire else grad.grad.element_size()
         row = {"gradient": grad.name, "numel": numel, "k": k, "sent": k * size,
-               "wire_bytes": k * (value_bytes + INDEX_BYTES), "dense_bytes": grad.nbytes}
+               "wire_bytes": k * (value_bytes + INDEX_BYTES) if self.ranks > 1 else 0, "dense_bytes": grad.nbytes}
         if size > 1:   # a ring reduce-scatter and a ring all-gather each send (size - 1) shares per rank
             row["intra_bytes"] = 2 * (size - 1) * part * grad.grad.element_size()
         return row
+
+    def _finite_or_zeros(self, acc, index):
+        """With loss scaling an overflow is expected: flag it for AMP's agreement (context.unscaled)
+        and select from acc with its inf/NaN zeroed, so the selection's finiteness check holds (the
+        step is dropped anyway)."""
+        finite = paddle.isfinite(acc)
+        self.context.unscaled[index] = paddle.reshape(paddle.logical_not(paddle.all(finite)), [1])
+        return paddle.where(finite, acc, paddle.zeros_like(acc))
+
+    def _keep(self, residual, unsent):
+        """Write the residual; with loss scaling only once every rank agreed the step is finite."""
+        if self.context.loss_scaling is None:
+            paddle.assign(unsent, output=residual)
+            return
+        self.context.after_overflow_agreed.append(
+            lambda found_inf: paddle.assign(paddle.where(paddle.expand(found_inf, residual.shape), residual, unsent),
+                                            output=residual))
 
     def _node_share(self, flat, numel, padded):
         """This rank's 1/size of its node group's sum of `flat`, zero-padded to `padded` elements."""

@@ -193,7 +193,6 @@ def test_gradients_under_min_numel_all_go_dense():
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"amp": True}, "'topk' and 'amp' cannot be used together: top-k keeps a residual"),
     ({"topk_configs": {"hierarchical": True}, "hierarchical_allreduce_inter_nranks": 4},
      r"hierarchical_allreduce_inter_nranks = 4 does not divide the 2 ranks per node \(2 % 4 = 2\): an intra group "
      "would span two nodes"),
@@ -235,6 +234,11 @@ def test_the_invariant_rejects_a_scatter_add_of_values_that_were_not_gathered():
 
 # ---- 2 real ranks against the NumPy reference -------------------------------------------------
 
+# float16 AMP as CPU runs it (tests/test_amp.py): the matmuls stay float32, the loss is scaled by 1024
+# (a power of 2, so unscaling gives exactly the unscaled gradient); rank 1's batch is inf at step 2.
+OVERFLOW = {"custom_black_list": ["matmul", "relu", "elementwise_add"], "init_loss_scaling": 1024.0,
+            "decr_every_n_nan_or_inf": 1, "decr_ratio": 0.5}
+POISONED_STEP = 2
 CASES = {
     "ef": {"topk": True, "topk_configs": {"density": 0.01, "min_numel": 1000}},
     "no_ef": {"topk": True, "topk_configs": {"density": 0.01, "min_numel": 1000, "error_feedback": False}},
@@ -247,12 +251,16 @@ CASES = {
     "density_1": {"topk": True, "topk_configs": {"density": 1.0, "min_numel": 1000}},
     "dense": {},
     "hierarchical": {"topk": True, "topk_configs": {"density": 0.01, "min_numel": 1000, "hierarchical": True}},
+    "amp": {"topk": True, "topk_configs": {"density": 0.01, "min_numel": 1000}, "amp": True,
+            "amp_configs": OVERFLOW, "poison": [1, POISONED_STEP]},
 }
 # 4 ranks as 2 nodes x 2: the node's reduce-scatter, the cross-node exchange and the node's all-gather all run
 NODES_2X2 = {"hierarchical": CASES["hierarchical"],
              "hierarchical_fp16": {**CASES["hierarchical"], "fp16_allreduce": True},
              "hierarchical_warmup": {"topk": True, "topk_configs": {**CASES["hierarchical"]["topk_configs"],
-                                                                    "warmup_steps": 3}}}
+                                                                    "warmup_steps": 3}},
+             "hierarchical_amp": {**CASES["hierarchical"], "amp": True, "amp_configs": OVERFLOW,
+                                  "poison": [3, POISONED_STEP]}}
 TAKEN = ("linear_0.w_0", "linear_1.w_0")
 
 
@@ -459,6 +467,35 @@ def test_hierarchical_warm_up_starts_with_the_dense_sum_then_exchanges_the_top_k
                 expected, unsent = reference_hierarchical(raw, before, 2, 0.01)
                 np.testing.assert_allclose(reduced, expected, rtol=0, atol=1e-7, err_msg=f"{name} step {step}")
                 np.testing.assert_allclose(after[3], unsent[3], rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("job, case", [("ranks", "amp"), ("ranks_2x2", "hierarchical_amp")])
+def test_with_amp_top_k_selects_unscaled_gradients_and_an_overflow_on_one_rank_leaves_every_residual_alone(
+        request, job, case):
+    """Before and after the poisoned step the exchange equals the reference on the unscaled
+    gradients; at it, every rank applies zeros and keeps its residual, and training goes on."""
+    ranks = request.getfixturevalue(job)
+    hierarchical = job == "ranks_2x2"
+    assert not np.isfinite(step_values(ranks, case, POISONED_STEP, TAKEN[0])[0][-1]).all()
+    for name in TAKEN:
+        residual = None
+        for step in range(STEPS):
+            raw, before, after, reduced = step_values(ranks, case, step, name)
+            before = before if residual is None else residual
+            if step == POISONED_STEP:
+                np.testing.assert_array_equal(reduced, np.zeros_like(reduced))
+                for rank in range(len(ranks)):
+                    np.testing.assert_array_equal(after[rank], before[rank])
+                residual = after
+                continue
+            expected, unsent = (reference_hierarchical(raw, before, 2, 0.01) if hierarchical
+                                else reference_exchange([g + r for g, r in zip(raw, before)], k_of(name)))
+            np.testing.assert_allclose(reduced, expected, rtol=0, atol=1e-7, err_msg=f"{case} {name} step {step}")
+            for rank in range(len(ranks)):
+                np.testing.assert_allclose(after[rank], unsent[rank], rtol=0, atol=1e-7)
+            residual = None
+    assert "amp_loss_scaling" in ranks[0][case]["applied"]
+    assert all(np.isfinite(flat(values)).all() for values in ranks[0][case]["params"].values())
 
 
 # ---- fleetrun ---------------------------------------------------------------------------------

@@ -54,7 +54,9 @@ def programs(fields):
 
 
 def train(fields, x_all, y_all):
+    """`fields` is the strategy, but "poison": [rank, step] makes that rank's batch inf at that step."""
     rank, world = fleet.worker_index(), fleet.worker_num()
+    poison = fields.pop("poison", None)
     main, startup, loss, reduced, plain, raw, report = programs(fields)
     paddle.set_flags(report.runtime_flags)
     names = sorted(reduced)
@@ -68,7 +70,7 @@ def train(fields, x_all, y_all):
         initial = {n: np.array(scope.find_var(n).get_tensor()).tolist() for n in names}
         for step in range(STEPS):
             rows = slice((world * step + rank) * ROWS, (world * step + rank + 1) * ROWS)
-            feed = {"x": x_all[rows], "y": y_all[rows]}
+            feed = {"x": np.full_like(x_all[rows], np.inf) if poison == [rank, step] else x_all[rows], "y": y_all[rows]}
             raw_values = exe.run(plain, feed=feed, fetch_list=[raw[n] for n in TAKEN])
             fetched = exe.run(main, feed=feed, fetch_list=[loss] + ([reduced[n] for n in names] if fetch_reduced else []))
             residuals = {n: np.array(scope.find_var(n + RESIDUAL_SUFFIX).get_tensor()).tolist()
