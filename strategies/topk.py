@@ -4,7 +4,7 @@ An alternative to data_parallel's all-reduce for the gradients it takes: every f
 gradient with at least `topk_configs.min_numel` elements. Per taken gradient g (n elements,
 k = ceil(density * n)), right where backward produces it:
 
-    acc      = g + residual                    (residual: persistable, zeros in the startup program)
+    acc      = flatten(g) + residual           (residual: persistable, zeros in the startup program)
     v, i     = MSTopK(acc, k)                  (fleetlite.topk: k signed values, their int64 indices)
     V, I     = all_gather(v), all_gather(int32(i))      on ring 0: W*k pairs, rank order
     reduced  = scatter_nd_add(zeros(n), I, V) * 1/W    (sums the ranks' contributions by index)
@@ -26,6 +26,37 @@ not order in-place writes inside a branch reliably; see gradient_merge). Paddle'
 executor orders the collectives of the top level among themselves, but not against those inside
 a branch: ranks issued them in different orders and gloo aborted on mismatched sizes (measured).
 So with warm-up the program runs in program order (FLAGS_new_executor_sequential_run).
+
+Hierarchical (`topk_configs.hierarchical`; Shi et al.'s two-level exchange): with L ranks per node
+group (`hierarchical_allreduce_inter_nranks`, or the ranks per node when it is 1, as for
+use_hierarchical_allreduce) and M = W / L groups, rank j of its group (L ranks on ring `intra`;
+the j-th ranks of all groups form ring `inter`, so each position j has its own cross-node ring):
+
+    share    = reduce_scatter(flatten(g) zero-padded to L*s, intra)    share j (s elements) of the node's sum
+    acc      = share + residual                 (residual: s elements, this rank's share of the node's unsent sum)
+    v, i     = MSTopK(acc, k)                   k = ceil(density * s)
+    V, I     = all_gather(v), all_gather(int32(i)) on inter: M*k pairs, node order
+    reduced  = all_gather(scatter_nd_add(zeros(s), I, V) * 1/W, intra), trimmed to n
+    residual = acc with the sent entries zeroed
+
+Only the k pairs per rank cross nodes; a group of one rank skips its level (one node: no pairs
+cross; one rank per node: the one-level exchange). Error feedback holds over the job: W x (sum of
+the reduced gradients) + every rank's residual put back at its share's place == the sum of every
+rank's gradients. Warm-up's dense branch all-reduces the masked share on `inter`. On GPU these
+are the real collectives on their rings. On CPU gloo has one communicator per process (ring 0),
+and gloo_lowering rewrites them, inside branches too, into exact ring-0 equivalents: the
+reduce-scatter is a world sum of a buffer where each group fills its own slot (the others add
+zeros) and each rank keeps its share; an all-gather on `inter` or `intra` is a world all-gather
+keeping the group members' rows, in member order. Every rank of a group thus adds the same values
+in the same order, and all ranks end bit-identical.
+
+With AMP's loss scaling (float16) the selection runs on unscaled values: acc = g / scale +
+residual, so the residual never mixes steps of different scales. An overflow is expected there:
+a rank whose acc holds inf/NaN selects from acc with them zeroed (MSTopK's finiteness check holds)
+and hands its flag to amp_loss_scaling (context.unscaled), which joins it into the flag all ranks
+agree on (MAX on ring 0) instead of unscaling that gradient again. The residual is written only
+after the agreement (context.after_overflow_agreed): on a step where any rank overflowed it keeps
+its old value, and update_loss_scaling_ zeroes the reduced gradients.
 """
 import math
 from dataclasses import dataclass
