@@ -65,7 +65,7 @@ from typing import Optional
 import paddle
 from paddle.pir.core import create_persistable_value
 
-from fleetlite import gradient_buckets, program_edit, topk
+from fleetlite import gradient_buckets, topk
 from fleetlite.compile_report import human_bytes
 from fleetlite.errors import StrategyConflictError
 from fleetlite.requested_fields import requested

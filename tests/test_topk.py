@@ -135,6 +135,11 @@ def test_hierarchical_on_gpu_reduce_scatters_in_the_node_gathers_pairs_across_no
     assert record.details["inter_node_bytes_per_step"] == 13 * 8
     assert record.details["intra_node_bytes_per_step"] == 2 * 7 * 256 * 4
     assert record.details["hierarchical"] == {"ranks_per_node": 8, "nodes": 4, "intra_ring": 1, "inter_ring": 2}
+    main, _, report = compile_mlp(GPU_32, fp16_allreduce=True, **HIERARCHICAL)
+    gathers = [op for op in main.global_block().ops if op.name() == "pd_op.all_gather"]
+    assert [(op.operand_source(0).dtype, program_edit.int_attr(op, "ring_id")) for op in gathers] == [
+        (paddle.float16, 2), (paddle.int32, 2), (paddle.float32, 1)]   # only the pairs' values travel as float16
+    assert report.record("topk").details["inter_node_bytes_per_step"] == 13 * 6
 
 
 def test_hierarchical_pads_the_gradient_to_a_multiple_of_the_node_size_and_trims_it_back():
@@ -186,6 +191,24 @@ def test_with_hierarchical_all_reduce_the_dense_remainder_goes_two_level_and_top
         ("reduce_scatter", 1), ("all_gather", 2), ("all_gather", 2), ("all_gather", 1)]
 
 
+def test_with_amp_top_k_selects_the_unscaled_gradient_and_writes_the_residual_after_the_agreed_overflow_flag():
+    main, _, report = compile_mlp(Topology.grid(2), amp=True, amp_configs=OVERFLOW)
+    unscale = ["reciprocal", "multiply"]
+    zero_non_finite = ["isfinite", "all", "logical_not", "full_int_array", "reshape", "full", "full_like", "where"]
+    assert sequence(main, "topk") == (RESIDUAL + FINITE_FLAG + RESHAPE + unscale + ["add"] + zero_non_finite
+                                      + CHECK_FINITE + EXACT_TOP_K + GATHER + SCATTER_ADD + SCALE + KEEP_UNSENT
+                                      + RESHAPE)
+    assert sequence(main, "amp_loss_scaling") == (
+        ["builtin.combine", "check_finite_and_unscale_", "builtin.split", "logical_or", "cast", "all_reduce_", "cast",
+         "full", "builtin.combine", "update_loss_scaling_", "builtin.split"]
+        + ["full_int_array", "expand", "where", "assign_out_"])          # residual = found_inf ? residual : unsent
+    ops = {op.name(): op for op in main.global_block().ops}
+    unscaled_by_amp = ops["pd_op.check_finite_and_unscale_"].operand_source(0).get_defining_op()
+    zeroed = ops["pd_op.update_loss_scaling_"].operand_source(0).get_defining_op()
+    assert (unscaled_by_amp.num_operands(), zeroed.num_operands()) == (3, 4)    # the top-k gradient is unscaled once
+    assert "1 unscaled before their top-k selection" in report.record("amp_loss_scaling").summary
+
+
 def test_gradients_under_min_numel_all_go_dense():
     main, _, report = compile_mlp(topk_configs={"min_numel": 5000})
     assert report.record("topk").summary == "no float gradient has 5000 elements (min_numel): all go dense"
@@ -209,7 +232,8 @@ def test_combinations_that_cannot_work_are_named_errors(fields, message):
 def test_hierarchical_top_k_needs_nodes_of_equal_size():
     uneven = Topology(rank=0, world_size=3, local_size=2, node_count=2, endpoints=["a:1", "a:2", "b:1"])
     with pytest.raises(StrategyConflictError, match="topk_configs.hierarchical needs the same number of ranks on "
-                                                    "every node, numbered node by node; this job has 3 ranks but 2 nodes x 2 local ranks"):
+                                                    "every node, numbered node by node; this job has 3 ranks but "
+                                                    "2 nodes x 2 local ranks"):
         compile_mlp(uneven, **HIERARCHICAL)
 
 
@@ -256,7 +280,6 @@ CASES = {
 }
 # 4 ranks as 2 nodes x 2: the node's reduce-scatter, the cross-node exchange and the node's all-gather all run
 NODES_2X2 = {"hierarchical": CASES["hierarchical"],
-             "hierarchical_fp16": {**CASES["hierarchical"], "fp16_allreduce": True},
              "hierarchical_warmup": {"topk": True, "topk_configs": {**CASES["hierarchical"]["topk_configs"],
                                                                     "warmup_steps": 3}},
              "hierarchical_amp": {**CASES["hierarchical"], "amp": True, "amp_configs": OVERFLOW,
@@ -289,7 +312,7 @@ def reference_exchange(accumulated, k, fp16=False, world=None):
     return summed * np.float32(1 / (world or len(accumulated))), unsent
 
 
-def reference_hierarchical(raw, residuals, size, density, fp16=False):
+def reference_hierarchical(raw, residuals, size, density):
     """(reduced gradient, each rank's residual after) of one hierarchical exchange: `raw` the ranks'
     flat gradients, `residuals` their residuals (their share of the node sum) before, `size` ranks
     per node. The node's reduce-scatter: rank p of a node holds share p of the node's sum (zero-padded),
@@ -303,7 +326,7 @@ def reference_hierarchical(raw, residuals, size, density, fp16=False):
     for position in range(size):
         ranks = range(position, world, size)
         accumulated = [node_sums[r // size][position * part:(position + 1) * part] + residuals[r] for r in ranks]
-        reduced, unsent = reference_exchange(accumulated, int(np.ceil(density * part)), fp16, world)
+        reduced, unsent = reference_exchange(accumulated, int(np.ceil(density * part)), world=world)
         shares.append(reduced)
         for rank, left in zip(ranks, unsent):
             after[rank] = left
@@ -418,11 +441,9 @@ def test_density_1_is_the_dense_all_reduce_exactly(ranks):
     assert "topk" in ranks[0]["density_1"]["applied"] and "topk" not in ranks[0]["dense"]["applied"]
 
 
-@pytest.mark.parametrize("job, case, size, fp16", [("ranks", "hierarchical", 2, False),
-                                                   ("ranks_2x2", "hierarchical", 2, False),
-                                                   ("ranks_2x2", "hierarchical_fp16", 2, True)])
-def test_each_hierarchical_step_equals_the_numpy_reference(request, job, case, size, fp16):
-    ranks = request.getfixturevalue(job)
+@pytest.mark.parametrize("job", ["ranks", "ranks_2x2"])
+def test_each_hierarchical_step_equals_the_numpy_reference(request, job):
+    ranks, case, size = request.getfixturevalue(job), "hierarchical", 2
     world = len(ranks)
     details = ranks[0][case]["topk"]
     assert details["achieved_density"] == pytest.approx(2 * (96 + 15) / (19200 + 3000))   # k of each half
@@ -430,7 +451,7 @@ def test_each_hierarchical_step_equals_the_numpy_reference(request, job, case, s
     for name in TAKEN:
         for step in range(STEPS):
             raw, before, after, reduced = step_values(ranks, case, step, name)
-            expected, unsent = reference_hierarchical(raw, before, size, 0.01, fp16)
+            expected, unsent = reference_hierarchical(raw, before, size, 0.01)
             np.testing.assert_allclose(reduced, expected, rtol=0, atol=1e-7, err_msg=f"{job} {case} {name} step {step}")
             for rank in range(world):
                 np.testing.assert_allclose(after[rank], unsent[rank], rtol=0, atol=1e-7)

@@ -70,7 +70,8 @@ def train(fields, x_all, y_all):
         initial = {n: np.array(scope.find_var(n).get_tensor()).tolist() for n in names}
         for step in range(STEPS):
             rows = slice((world * step + rank) * ROWS, (world * step + rank + 1) * ROWS)
-            feed = {"x": np.full_like(x_all[rows], np.inf) if poison == [rank, step] else x_all[rows], "y": y_all[rows]}
+            x = np.full_like(x_all[rows], np.inf) if poison == [rank, step] else x_all[rows]
+            feed = {"x": x, "y": y_all[rows]}
             raw_values = exe.run(plain, feed=feed, fetch_list=[raw[n] for n in TAKEN])
             fetched = exe.run(main, feed=feed, fetch_list=[loss] + ([reduced[n] for n in names] if fetch_reduced else []))
             residuals = {n: np.array(scope.find_var(n + RESIDUAL_SUFFIX).get_tensor()).tolist()
