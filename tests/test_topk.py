@@ -18,7 +18,7 @@ import pytest
 from fleetlite import (CompileError, DistributedStrategy, StrategyConflictError, Topology, compiler, invariants,
                        program_edit)
 from fleetlite.ring_table import RingTable
-from fleetlite.strategies.topk import RESIDUAL_SUFFIX
+from fleetlite.strategies.topk import RESIDUAL_SUFFIX, Levels
 from multiprocess import run_job
 from workers.in_process import strategy
 from workers.models import compiled_program, loss
@@ -237,22 +237,26 @@ def test_hierarchical_top_k_needs_nodes_of_equal_size():
         compile_mlp(uneven, **HIERARCHICAL)
 
 
-def test_the_invariant_rejects_a_scatter_add_of_values_that_were_not_gathered():
-    """Point the scatter-add at this rank's own values: nothing crosses ranks any more."""
+@pytest.mark.parametrize("fields, summed_over", [(TOPK, 1), (HIERARCHICAL, 2)], ids=["one_level", "hierarchical"])
+def test_the_invariant_rejects_a_scatter_add_of_values_that_were_not_gathered(fields, summed_over):
+    """Point the scatter-add at this rank's own values: nothing crosses ranks any more (hierarchical:
+    only the node's reduce-scatter sums, found through the lowering's masked sum)."""
     paddle.enable_static()
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
         x = paddle.static.data("x", [8, 64], "float32")
         y = paddle.static.data("y", [8, 1], "int64")
         params_grads = paddle.static.append_backward(loss("mlp", x, y, 1))
-        gradients, _ = compiler.compile(main, params_grads, strategy(**TOPK), CPU_4)
-    context = SimpleNamespace(topology=CPU_4, reduced=True, gradient_scale=1 / 4, gradients=gradients,
-                              rings=RingTable(4))
+        gradients, _ = compiler.compile(main, params_grads, strategy(**fields), CPU_4)
+    rings = RingTable(4)
+    Levels.register(strategy(**fields), CPU_4, rings)     # the node and cross-node rings the program emulates
+    context = SimpleNamespace(topology=CPU_4, reduced=True, gradient_scale=1 / 4, gradients=gradients, rings=rings)
     invariants.check_gradients_reduced_once(context)
     scatter = next(op for op in main.global_block().ops if op.name() == "pd_op.scatter_nd_add")
-    gathered = scatter.operand_source(2).get_defining_op()
-    scatter.operands()[2].set_source(gathered.operand_source(0))
-    with pytest.raises(CompileError, match="gradient of linear_0.w_0 is summed over 1 ranks on its way to the optimizer, expected 4"):
+    values = next(op for op in main.global_block().ops if op.name() == "pd_op.all_gather").operand_source(0)
+    scatter.operands()[2].set_source(values)
+    with pytest.raises(CompileError, match=f"gradient of linear_0.w_0 is summed over {summed_over} ranks on its way "
+                                           f"to the optimizer, expected 4"):
         invariants.check_gradients_reduced_once(context)
 
 
