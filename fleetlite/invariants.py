@@ -118,10 +118,16 @@ def _effect(op, rings):
     return 1, 1.0
 
 
+# Ops that move or convert an all-gather's rows without adding anything; split and concat pick a
+# subgroup's rows out of a world all-gather (the gloo lowering of an all-gather in a subgroup).
+ROW_MOVES = ("pd_op.cast", "pd_op.reshape", "pd_op.split_with_num", "builtin.split", "builtin.combine",
+             "pd_op.concat")
+
+
 def _gathered_over(value):
-    """The ring of the all_gather `value` comes from through casts and reshapes, or None."""
+    """The ring of the all_gather `value` comes from through ROW_MOVES, or None."""
     op = value.get_defining_op()
-    while op is not None and op.name() in ("pd_op.cast", "pd_op.reshape"):
+    while op is not None and op.name() in ROW_MOVES:
         op = op.operand_source(0).get_defining_op()
     if op is None or op.name() != "pd_op.all_gather":
         return None

@@ -75,14 +75,15 @@ def inserting(program, tag, before=None, after=None, role=None):
 
 
 def remove_ops(block, ops):
-    """Remove `ops` (results unused outside the set), last first so uses go before defs."""
-    position = {op.id(): i for i, op in enumerate(block.ops)}
+    """Remove `ops` of `block` or of its nested blocks (results unused outside the set), last first
+    so uses go before defs."""
+    position = {op.id(): i for i, op in enumerate(walk(block))}
     for op in sorted(ops, key=lambda o: position[o.id()], reverse=True):
         for result in op.results():
             if not result.use_empty():
                 users = ", ".join(user.name() for user in result.all_used_ops())
                 raise CompileError(f"cannot remove {op.name()}: its result is still read by {users}")
-        block.remove_op(op)
+        op.get_parent_block().remove_op(op)
 
 
 def nbytes(value):

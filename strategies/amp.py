@@ -29,7 +29,10 @@ flag is MAX-reduced over ring 0, so all ranks decide alike even if a communicati
 left ranks with different sums; with dynamic scaling, update_loss_scaling_ zeroes the gradients
 of an overflowing step and moves the scale (x incr_ratio after incr_every_n_steps finite steps,
 x decr_ratio after decr_every_n_nan_or_inf overflowing ones). Scaled gradients are what cross
-ranks (as in Fleet), so a float16 wire (fp16_allreduce) carries them without underflow. A
+ranks (as in Fleet), so a float16 wire (fp16_allreduce) carries them without underflow; except
+the gradients `topk` takes: it unscales them itself before selecting (context.unscaled), so they
+are not unscaled again here, their local overflow flags join the check before the agreement,
+and what must wait for the agreed flag (topk's residual updates) is built right after it. A
 zeroed gradient leaves SGD parameters unchanged; optimizers with state still apply it (Paddle's
 static AMP does the same for all but the Adam family).
 """
@@ -215,27 +218,39 @@ class AmpLossScaling(Pass):
 
     def apply(self, context):
         configs, state = self.strategy.amp_configs, context.loss_scaling
-        grads = [g.synced for g in context.gradients]
+        gradients = context.gradients
+        checked = [g for i, g in enumerate(gradients) if i not in context.unscaled]
         with context.edit():
-            unscaled, found_inf = paddle._C_ops.check_finite_and_unscale_(grads, state.scale)
+            found_inf = None
+            if checked:
+                unscaled, found_inf = paddle._C_ops.check_finite_and_unscale_([g.synced for g in checked], state.scale)
+                for grad, value in zip(checked, unscaled):
+                    grad.synced = value
+            for flag in context.unscaled.values():    # gradients a pass unscaled itself (topk, before selecting)
+                found_inf = flag if found_inf is None else paddle.logical_or(found_inf, flag)
             if context.topology.world_size > 1:
                 flag = paddle._C_ops.all_reduce_(paddle.cast(found_inf, "int32"), 0, MAX)
                 found_inf = paddle.cast(flag, "bool")
             if configs.use_dynamic_loss_scaling:
-                unscaled, _, _, _ = paddle._C_ops.update_loss_scaling_(
-                    unscaled, found_inf, state.scale, state.good_steps, state.bad_steps,
+                zeroed, _, _, _ = paddle._C_ops.update_loss_scaling_(
+                    [g.synced for g in gradients], found_inf, state.scale, state.good_steps, state.bad_steps,
                     configs.incr_every_n_steps, configs.decr_every_n_nan_or_inf, configs.incr_ratio,
                     configs.decr_ratio, False)
-        for grad, value in zip(context.gradients, unscaled):
-            grad.synced = value
+                for grad, value in zip(gradients, zeroed):
+                    grad.synced = value
+            for build in context.after_overflow_agreed:
+                build(found_inf)
         context.found_inf = found_inf
         agreed = "; the overflow flag is MAX-reduced on ring 0" if context.topology.world_size > 1 else ""
+        if context.unscaled:
+            agreed += f" ({len(context.unscaled)} unscaled before their top-k selection, their flags joined)"
         if not configs.use_dynamic_loss_scaling:
-            return PassResult(f"{len(grads)} gradients unscaled (static scale){agreed}", {"gradients": len(grads)})
+            return PassResult(f"{len(gradients)} gradients unscaled (static scale){agreed}",
+                              {"gradients": len(gradients)})
         return PassResult(
-            f"{len(grads)} gradients unscaled and checked{agreed}; an overflow zeroes the step and scales by "
+            f"{len(gradients)} gradients unscaled and checked{agreed}; an overflow zeroes the step and scales by "
             f"{configs.decr_ratio:g} after {configs.decr_every_n_nan_or_inf}, x{configs.incr_ratio:g} after "
-            f"{configs.incr_every_n_steps} finite steps", {"gradients": len(grads)})
+            f"{configs.incr_every_n_steps} finite steps", {"gradients": len(gradients)})
 
 
 def on_onednn(dtype, topology):

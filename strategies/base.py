@@ -76,6 +76,8 @@ class CompileContext:
         self.gradient_scale = None          # factor applied after the sum (None: no scaling)
         self.loss_scaling = None            # AMP's loss-scale state (strategies/amp.LossScaling), if scaled
         self.found_inf = None               # AMP's overflow flag: the optimizer skips its update when set
+        self.unscaled = {}                  # index -> this rank's overflow flag, of gradients a pass already unscaled
+        self.after_overflow_agreed = []     # fn(found_inf) building what must wait for the agreed flag
         self.reduced = False                # True once a pass makes gradients cross ranks
         self.update_only = []               # ops that run only when the update runs (gradient merge moves them with it)
         self.runtime_flags = {}             # Paddle flags the program needs at run time

@@ -40,7 +40,7 @@ class GlooLowering(Pass):
 
     def apply(self, context):
         changes = collections.Counter()
-        for op in list(context.block.ops):
+        for op in list(program_edit.walk(context.block)):   # an `if`'s branches included
             ring_id = program_edit.int_attr(op, "ring_id")
             if ring_id is None:
                 continue

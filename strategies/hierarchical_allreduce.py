@@ -28,16 +28,19 @@ def intra_size(strategy, topology):
 
 @register_check
 def check_intra_groups(strategy, topology):
-    """The intra groups must tile the world and stay inside nodes."""
-    if topology is None or not strategy.use_hierarchical_allreduce:
-        return
+    if topology is not None and strategy.use_hierarchical_allreduce:
+        check_node_groups(strategy, topology, "use_hierarchical_allreduce")
+
+
+def check_node_groups(strategy, topology, knob):
+    """The intra groups of a two-level exchange (`knob`) must tile the world and stay inside nodes."""
     size, world, per_node = intra_size(strategy, topology), topology.world_size, topology.local_size
     field = "hierarchical_allreduce_inter_nranks"
     if not topology.is_uniform:
         raise StrategyConflictError(
-            f"use_hierarchical_allreduce needs the same number of ranks on every node, numbered node by "
+            f"{knob} needs the same number of ranks on every node, numbered node by "
             f"node; this job has {world} ranks but {topology.node_count} nodes x {per_node} local ranks",
-            field="use_hierarchical_allreduce", value=True, fix="start as many ranks on every node")
+            field=knob, value=True, fix="start as many ranks on every node")
     if world % size:
         raise StrategyConflictError(
             f"{field} = {size} does not divide the world size {world} ({world} % {size} = {world % size})",

@@ -4,7 +4,7 @@ An alternative to data_parallel's all-reduce for the gradients it takes: every f
 gradient with at least `topk_configs.min_numel` elements. Per taken gradient g (n elements,
 k = ceil(density * n)), right where backward produces it:
 
-    acc      = g + residual                    (residual: persistable, zeros in the startup program)
+    acc      = flatten(g) + residual           (residual: persistable, zeros in the startup program)
     v, i     = MSTopK(acc, k)                  (fleetlite.topk: k signed values, their int64 indices)
     V, I     = all_gather(v), all_gather(int32(i))      on ring 0: W*k pairs, rank order
     reduced  = scatter_nd_add(zeros(n), I, V) * 1/W    (sums the ranks' contributions by index)
@@ -26,17 +26,52 @@ not order in-place writes inside a branch reliably; see gradient_merge). Paddle'
 executor orders the collectives of the top level among themselves, but not against those inside
 a branch: ranks issued them in different orders and gloo aborted on mismatched sizes (measured).
 So with warm-up the program runs in program order (FLAGS_new_executor_sequential_run).
+
+Hierarchical (`topk_configs.hierarchical`; Shi et al.'s two-level exchange): with L ranks per node
+group (`hierarchical_allreduce_inter_nranks`, or the ranks per node when it is 1, as for
+use_hierarchical_allreduce) and M = W / L groups, rank j of its group (L ranks on ring `intra`;
+the j-th ranks of all groups form ring `inter`, so each position j has its own cross-node ring):
+
+    share    = reduce_scatter(flatten(g) zero-padded to L*s, intra)    share j (s elements) of the node's sum
+    acc      = share + residual                 (residual: s elements, this rank's share of the node's unsent sum)
+    v, i     = MSTopK(acc, k)                   k = ceil(density * s)
+    V, I     = all_gather(v), all_gather(int32(i)) on inter: M*k pairs, node order
+    reduced  = all_gather(scatter_nd_add(zeros(s), I, V) * 1/W, intra), trimmed to n
+    residual = acc with the sent entries zeroed
+
+Only the k pairs per rank cross nodes; a group of one rank skips its level (one node: no pairs
+cross; one rank per node: the one-level exchange). Error feedback holds over the job: W x (sum of
+the reduced gradients) + every rank's residual put back at its share's place == the sum of every
+rank's gradients. Warm-up's dense branch all-reduces the masked share on `inter`. On GPU these
+are the real collectives on their rings. On CPU gloo has one communicator per process (ring 0),
+and gloo_lowering rewrites them, inside branches too, into exact ring-0 equivalents: the
+reduce-scatter is a world sum of a buffer where each group fills its own slot (the others add
+zeros) and each rank keeps its share; an all-gather on `inter` or `intra` is a world all-gather
+keeping the group members' rows, in member order. Every rank of a group thus adds the same values
+in the same order, and all ranks end bit-identical.
+
+With AMP's loss scaling (float16) the selection runs on unscaled values: acc = g / scale +
+residual, so the residual never mixes steps of different scales. An overflow is expected there:
+a rank whose acc holds inf/NaN selects from acc with them zeroed (MSTopK's finiteness check holds)
+and hands its flag to amp_loss_scaling (context.unscaled), which joins it into the flag all ranks
+agree on (MAX on ring 0) instead of unscaling that gradient again. The residual is written only
+after the agreement (context.after_overflow_agreed): on a step where any rank overflowed it keeps
+its old value, and update_loss_scaling_ zeroes the reduced gradients.
 """
 import math
+from dataclasses import dataclass
+from typing import Optional
 
 import paddle
 from paddle.pir.core import create_persistable_value
 
-from fleetlite import gradient_buckets, program_edit, topk
+from fleetlite import gradient_buckets, topk
 from fleetlite.compile_report import human_bytes
 from fleetlite.errors import StrategyConflictError
 from fleetlite.requested_fields import requested
+from fleetlite.ring_table import INTER, INTRA
 from fleetlite.strategies.base import Pass, PassResult, Phase
+from fleetlite.strategies.hierarchical_allreduce import check_node_groups, intra_size
 from fleetlite.strategy import register_check
 
 RESIDUAL_SUFFIX = "@GRAD@TOPK_RESIDUAL"
@@ -55,10 +90,8 @@ def check_topk_configs(strategy, topology):
     if not strategy.topk:
         return
     configs = strategy.topk_configs
-    if configs.hierarchical:
-        raise StrategyConflictError("topk_configs.hierarchical (intra-node reduce-scatter, top-k, inter-node "
-                                    "all-gather) is not implemented yet", field="topk_configs.hierarchical",
-                                    value=True, fix="set it to false for the one-level top-k exchange")
+    if configs.hierarchical and topology is not None:
+        check_node_groups(strategy, topology, "topk_configs.hierarchical")
     if configs.warmup_steps and requested(strategy, "build_strategy.enable_sequential_execution") \
             and not strategy.build_strategy.enable_sequential_execution:
         raise StrategyConflictError(
@@ -72,20 +105,36 @@ def check_topk_configs(strategy, topology):
             fix="set topk_configs.warmup_steps: 0 with gradient_merge (the merged gradient is compressed)")
 
 
+@dataclass(frozen=True)
+class Levels:
+    """Where hierarchical top-k exchanges: `size` ranks per node group summed on `intra` (reduce-scatter,
+    all-gather), the `nodes` ranks of one position across groups on `inter` (the sparse all-gather).
+    A level of one rank has no ring (None); a level that is the whole world is ring 0."""
+    size: int
+    nodes: int
+    intra: Optional[int]
+    inter: Optional[int]
+
+    @classmethod
+    def register(cls, strategy, topology, rings):
+        size = intra_size(strategy, topology)
+        world = topology.world_size
+        nodes = world // size
+        intra = None if size == 1 else 0 if nodes == 1 else rings.add(
+            INTRA, [range(start, start + size) for start in range(0, world, size)])
+        inter = None if nodes == 1 else 0 if size == 1 else rings.add(
+            INTER, [range(position, world, size) for position in range(size)])
+        return cls(size, nodes, intra, inter)
+
+
 class TopkExchange(Pass):
     name = "topk"
     phase = Phase.COMMUNICATION
     after = ("data_parallel", "gradient_scale_configs.scale_gradient")
     requires = ("data_parallel",)
-    conflicts = {
-        "amp": "top-k keeps a residual across steps; with loss scaling it would mix steps of different "
-               "scales and keep an overflowing step's inf, so selection after unscaling is needed first "
-               "(not implemented yet)",
-        "use_hierarchical_allreduce": "the top-k exchange is a one-level all-gather on the world ring; "
-                                      "two-level top-k (topk_configs.hierarchical) is not implemented yet",
-    }
     reads = ("topk", "topk_configs.density", "topk_configs.warmup_steps", "topk_configs.bisection_iterations",
-             "topk_configs.error_feedback", "topk_configs.hierarchical", "topk_configs.min_numel")
+             "topk_configs.error_feedback", "topk_configs.hierarchical", "topk_configs.min_numel",
+             "hierarchical_allreduce_inter_nranks")
 
     def apply(self, context):
         configs = self.strategy.topk_configs
@@ -107,9 +156,10 @@ class TopkExchange(Pass):
         if configs.warmup_steps:
             step = self._step_counter(context, taken)
             context.runtime_flags[IN_ORDER] = True
-        exchange = _Exchange(context, configs, self.strategy.fp16_allreduce, step)
-        rows = [exchange.emit(context.gradients[i]) for i in taken]
-        return self._result(context, configs, rows)
+        levels = Levels.register(self.strategy, context.topology, context.rings) if configs.hierarchical else None
+        exchange = _Exchange(context, configs, self.strategy.fp16_allreduce, step, levels)
+        rows = [exchange.emit(i) for i in taken]
+        return self._result(context, configs, rows, levels)
 
     @staticmethod
     def _step_counter(context, taken):
@@ -124,60 +174,112 @@ class TopkExchange(Pass):
         return step
 
     @staticmethod
-    def _result(context, configs, rows):
-        sent = sum(row["k"] for row in rows)
+    def _result(context, configs, rows, levels):
+        sent = sum(row["sent"] for row in rows)
         total = sum(row["numel"] for row in rows)
         sparse_bytes = sum(row["wire_bytes"] for row in rows)
+        intra_bytes = sum(row.get("intra_bytes", 0) for row in rows)
         dense_bytes = sum(context.gradients[i].nbytes for b in context.buckets for i in b.members)
         taken_dense_bytes = sum(row["dense_bytes"] for row in rows)
         feedback = "error feedback" if configs.error_feedback else "no error feedback"
         warmup = f", {configs.warmup_steps} warm-up steps ramping from dense" if configs.warmup_steps else ""
-        summary = (f"{len(rows)} gradients as top-k (density {sent / total:.4g}: {sent} of {total} elements; "
-                   f"{human_bytes(sparse_bytes)} per rank per step instead of {human_bytes(taken_dense_bytes)}), "
-                   f"{feedback}{warmup}; {len(context.buckets)} dense ({human_bytes(dense_bytes)})")
-        return PassResult(summary, {"gradients": rows, "achieved_density": sent / total,
-                                    "sparse_bytes_per_step": sparse_bytes, "dense_bytes_per_step": dense_bytes,
-                                    "bytes_per_step": sparse_bytes + dense_bytes})
+        selected = f"density {sent / total:.4g}: {sent} of {total} elements"
+        if levels is None:
+            how = (f"{len(rows)} gradients as top-k ({selected}; {human_bytes(sparse_bytes)} per rank per step "
+                   f"instead of {human_bytes(taken_dense_bytes)})")
+        else:
+            how = (f"{len(rows)} gradients as hierarchical top-k ({levels.nodes} nodes x {levels.size} ranks; "
+                   f"{selected} per node; between nodes {human_bytes(sparse_bytes)} per rank per step instead of "
+                   f"{human_bytes(taken_dense_bytes)}, inside the node {human_bytes(intra_bytes)})")
+        details = {"gradients": rows, "achieved_density": sent / total, "sparse_bytes_per_step": sparse_bytes,
+                   "dense_bytes_per_step": dense_bytes, "bytes_per_step": sparse_bytes + intra_bytes + dense_bytes}
+        if levels is not None:
+            details.update({"hierarchical": {"ranks_per_node": levels.size, "nodes": levels.nodes,
+                                             "intra_ring": levels.intra, "inter_ring": levels.inter},
+                            "inter_node_bytes_per_step": sparse_bytes, "intra_node_bytes_per_step": intra_bytes})
+        return PassResult(f"{how}, {feedback}{warmup}; {len(context.buckets)} dense ({human_bytes(dense_bytes)})",
+                          details)
 
 
 class _Exchange:
-    """Builds one gradient's top-k exchange (see the module doc)."""
+    """Builds one gradient's top-k exchange, one level or hierarchical (see the module doc)."""
 
-    def __init__(self, context, configs, fp16_wire, step):
-        self.context, self.configs, self.fp16_wire, self.step = context, configs, fp16_wire, step
-        self.world = context.topology.world_size
+    def __init__(self, context, configs, fp16_wire, step, levels):
+        self.context, self.configs, self.fp16_wire, self.step, self.levels = context, configs, fp16_wire, step, levels
+        # the ring and ranks of the sparse exchange: the world, or one position's ranks across nodes
+        self.ring, self.ranks = (0, context.topology.world_size) if levels is None else (levels.inter, levels.nodes)
 
-    def emit(self, grad):
+    def emit(self, index):
+        grad = self.context.gradients[index]
         shape, numel = list(grad.grad.shape), math.prod(grad.grad.shape)
-        k = fraction_sent(self.configs.density, numel)
+        size = 1 if self.levels is None else self.levels.size
+        part = -(-numel // size)          # this rank's share: all of it, or 1/size of the padded gradient
+        k = fraction_sent(self.configs.density, part)
         residual = None
         if self.configs.error_feedback:
             with self.context.edit():
-                residual = create_persistable_value(grad.grad.dtype, shape, grad.name + RESIDUAL_SUFFIX,
+                residual = create_persistable_value(grad.grad.dtype, [part], grad.name + RESIDUAL_SUFFIX,
                                                     initializer=paddle.nn.initializer.Constant(0.0))
         with self.context.edit(after=grad.grad.get_defining_op()):
-            acc = grad.grad if residual is None else paddle.add(grad.grad, residual)
-            flat = acc if len(shape) == 1 else paddle.reshape(acc, [-1])
+            flat = grad.grad if len(shape) == 1 else paddle.reshape(grad.grad, [-1])
+            if size > 1:
+                flat = self._node_share(flat, numel, part * size)
+            if self.context.loss_scaling is not None:
+                flat = paddle.multiply(flat, paddle.reciprocal(self.context.loss_scaling.scale))
+            acc = flat if residual is None else paddle.add(flat, residual)
+            if self.context.loss_scaling is not None:
+                acc = self._finite_or_zeros(acc, index)
             if self.step is None:
-                outputs = self._sparse(flat, numel, k, grad.name)
+                outputs = self._sparse(acc, part, k, grad.name)
             else:
                 warm = self.step < float(self.configs.warmup_steps)
-                outputs = paddle.static.nn.cond(warm, lambda: self._dense(flat, numel, k),
-                                                lambda: self._sparse(flat, numel, k, grad.name))
+                outputs = paddle.static.nn.cond(warm, lambda: self._dense(acc, part, k),
+                                                lambda: self._sparse(acc, part, k, grad.name))
             reduced = outputs[0]
             if residual is not None:
-                unsent = outputs[1]
-                paddle.assign(unsent if len(shape) == 1 else paddle.reshape(unsent, shape), output=residual)
+                self._keep(residual, outputs[1])
+            if size > 1:
+                reduced = paddle._C_ops.all_gather(reduced, self.levels.intra, size)
+                if part * size > numel:
+                    reduced = paddle.slice(reduced, [0], [0], [numel])
             grad.synced = reduced if len(shape) == 1 else paddle.reshape(reduced, shape)
         value_bytes = 2 if self.fp16_wire else grad.grad.element_size()
-        return {"gradient": grad.name, "numel": numel, "k": k, "wire_bytes": k * (value_bytes + INDEX_BYTES),
-                "dense_bytes": grad.nbytes}
+        row = {"gradient": grad.name, "numel": numel, "k": k, "sent": k * size,
+               "wire_bytes": k * (value_bytes + INDEX_BYTES) if self.ranks > 1 else 0, "dense_bytes": grad.nbytes}
+        if size > 1:   # a ring reduce-scatter and a ring all-gather each send (size - 1) shares per rank
+            row["intra_bytes"] = 2 * (size - 1) * part * grad.grad.element_size()
+        return row
+
+    def _finite_or_zeros(self, acc, index):
+        """With loss scaling an overflow is expected: flag it for AMP's agreement (context.unscaled)
+        and select from acc with its inf/NaN zeroed, so the selection's finiteness check holds (the
+        step is dropped anyway)."""
+        finite = paddle.isfinite(acc)
+        self.context.unscaled[index] = paddle.reshape(paddle.logical_not(paddle.all(finite)), [1])
+        return paddle.where(finite, acc, paddle.zeros_like(acc))
+
+    def _keep(self, residual, unsent):
+        """Write the residual; with loss scaling only once every rank agreed the step is finite."""
+        if self.context.loss_scaling is None:
+            paddle.assign(unsent, output=residual)
+            return
+        self.context.after_overflow_agreed.append(
+            lambda found_inf: paddle.assign(paddle.where(paddle.expand(found_inf, residual.shape), residual, unsent),
+                                            output=residual))
+
+    def _node_share(self, flat, numel, padded):
+        """This rank's 1/size of its node group's sum of `flat`, zero-padded to `padded` elements."""
+        if padded > numel:
+            flat = paddle.concat([flat, paddle.zeros([padded - numel], flat.dtype)])
+        return paddle._C_ops.reduce_scatter(flat, self.levels.intra, self.levels.size)
 
     def _sparse(self, flat, numel, k, name):
         values, indices = topk.mstopk(flat, k, self.configs.bisection_iterations, name=f"the gradient of {name}")
         wire = paddle.cast(values, "float16") if self.fp16_wire else values
-        gathered = paddle._C_ops.all_gather(wire, 0, self.world)
-        positions = paddle._C_ops.all_gather(paddle.cast(indices, "int32"), 0, self.world)
+        gathered, positions = wire, paddle.cast(indices, "int32")
+        if self.ranks > 1:
+            gathered = paddle._C_ops.all_gather(wire, self.ring, self.ranks)
+            positions = paddle._C_ops.all_gather(positions, self.ring, self.ranks)
         if self.fp16_wire:
             gathered = paddle.cast(gathered, flat.dtype)
         summed = paddle.scatter_nd_add(paddle.zeros([numel], flat.dtype), paddle.reshape(positions, [-1, 1]),
@@ -197,7 +299,9 @@ class _Exchange:
         threshold = topk.sampled_threshold(flat, stride, target, self.configs.bisection_iterations)
         kept = paddle.abs(flat) >= threshold
         zeros = paddle.zeros_like(flat)
-        summed = paddle._C_ops.all_reduce(paddle.where(kept, flat, zeros), 0, gradient_buckets.SUM)
+        summed = paddle.where(kept, flat, zeros)
+        if self.ranks > 1:
+            summed = paddle._C_ops.all_reduce(summed, self.ring, gradient_buckets.SUM)
         if not self.configs.error_feedback:
             return [self._scaled(summed)]
         return [self._scaled(summed), paddle.where(kept, zeros, flat)]

@@ -1,6 +1,7 @@
 """Train a digits MLP with the top-k exchange, one case after another, and hand back what the
 NumPy reference needs: per step this rank's raw gradients, the reduced gradients every rank
-applies, and the residuals after the step; and the parameters at the end.
+applies, and the residuals after the step (hierarchical: this rank's share); and the parameters
+at the end. Rank r of N trains on rows (N * step + r) * ROWS onwards.
 
 Usage: topk_worker.py CASES_JSON
 The raw gradients come from a second program (the same model, so the same parameter names, with
@@ -53,7 +54,9 @@ def programs(fields):
 
 
 def train(fields, x_all, y_all):
-    rank = fleet.worker_index()
+    """`fields` is the strategy, but "poison": [rank, step] makes that rank's batch inf at that step."""
+    rank, world = fleet.worker_index(), fleet.worker_num()
+    poison = fields.pop("poison", None)
     main, startup, loss, reduced, plain, raw, report = programs(fields)
     paddle.set_flags(report.runtime_flags)
     names = sorted(reduced)
@@ -66,8 +69,9 @@ def train(fields, x_all, y_all):
         scope = paddle.static.global_scope()
         initial = {n: np.array(scope.find_var(n).get_tensor()).tolist() for n in names}
         for step in range(STEPS):
-            rows = slice((2 * step + rank) * ROWS, (2 * step + rank + 1) * ROWS)
-            feed = {"x": x_all[rows], "y": y_all[rows]}
+            rows = slice((world * step + rank) * ROWS, (world * step + rank + 1) * ROWS)
+            x = np.full_like(x_all[rows], np.inf) if poison == [rank, step] else x_all[rows]
+            feed = {"x": x, "y": y_all[rows]}
             raw_values = exe.run(plain, feed=feed, fetch_list=[raw[n] for n in TAKEN])
             fetched = exe.run(main, feed=feed, fetch_list=[loss] + ([reduced[n] for n in names] if fetch_reduced else []))
             residuals = {n: np.array(scope.find_var(n + RESIDUAL_SUFFIX).get_tensor()).tolist()
@@ -84,7 +88,7 @@ def main():
     cases = json.loads(sys.argv[1])
     paddle.enable_static()
     fleet.init(is_collective=True)
-    x_all, y_all = models.digits(2 * ROWS * STEPS)
+    x_all, y_all = models.digits(fleet.worker_num() * ROWS * STEPS)
     defaults = paddle.get_flags([IN_ORDER])
     results = {}
     for name, fields in cases.items():
