@@ -70,11 +70,17 @@ def phases(configs):
     return found
 
 
+def sent(sparsity, numel):
+    """k = ceil((1 - sparsity) * numel), at least 1; 1 - sparsity rounded to 9 places first, so that
+    a sparsity of 0.99 sends 1% and not 1.0000000000000009% (one element more)."""
+    return fraction_sent(round(1.0 - sparsity, 9), numel)
+
+
 def sent_per_phase(configs, numel):
     """[(first step, k)] for a gradient of `numel` elements (k None: dense), phases of equal k merged."""
     merged = []
     for start, sparsity in phases(configs):
-        k = None if sparsity is None else fraction_sent(1.0 - sparsity, numel)
+        k = None if sparsity is None else sent(sparsity, numel)
         if not merged or merged[-1][1] != k:
             merged.append((start, k))
     return merged
@@ -105,19 +111,14 @@ class Dgc(Pass):
     }
     reads = ("dgc", "dgc_configs.rampup_begin_step", "dgc_configs.rampup_step", "dgc_configs.sparsity")
 
-    def applicable(self, topology, program):
-        if topology.world_size == 1:
-            return "one rank: there is nothing to exchange"
-        return None
-
     def apply(self, context):
-        momentum = momentum_of(context.optimizer)
         configs = self.strategy.dgc_configs
         taken = [i for i, g in enumerate(context.gradients)
                  if g.dtype in TAKEN_DTYPES and math.prod(g.grad.shape) >= MIN_NUMEL]
         if not taken:
-            return PassResult(f"no float gradient has {MIN_NUMEL} elements: all go dense (plain Momentum)",
-                              {"gradients": []})
+            return PassResult(f"no float gradient has {MIN_NUMEL} elements: all go dense, the optimizer's update "
+                              f"unchanged", {"gradients": []})
+        momentum = momentum_of(context.optimizer)
         sparse_exchange.take_from_buckets(context, taken)
         step = None
         if len(phases(configs)) > 1:
@@ -138,10 +139,9 @@ class Dgc(Pass):
             if sparsity is None:
                 stages.append({"from_step": start, "dense": True, "bytes_per_step": taken_bytes + dense_bytes})
                 continue
-            sent = sum(fraction_sent(1.0 - sparsity, row["numel"]) for row in rows)
-            wire = sum(fraction_sent(1.0 - sparsity, row["numel"]) * (row["value_bytes"] + INDEX_BYTES)
-                       for row in rows)
-            stages.append({"from_step": start, "sparsity": sparsity, "density": sent / total,
+            count = sum(sent(sparsity, row["numel"]) for row in rows)
+            wire = sum(sent(sparsity, row["numel"]) * (row["value_bytes"] + INDEX_BYTES) for row in rows)
+            stages.append({"from_step": start, "sparsity": sparsity, "density": count / total,
                            "sparse_bytes_per_step": wire, "bytes_per_step": wire + dense_bytes})
         last = stages[-1]
         schedule = ", then ".join(
