@@ -39,18 +39,21 @@ from fleetlite.strategies.base import CompileContext, GradientSync, Phase
 BACKWARD_EXISTS = "it rewrites the forward before backward, and this program already has backward"
 
 
-def compile(program, params_grads, strategy, topology, registry=REGISTRY, loss=None, backward=None, update=None):
+def compile(program, params_grads, strategy, topology, registry=REGISTRY, loss=None, backward=None, update=None,
+            optimizer=None):
     """Rewrite `program` for `topology`; returns ([GradientSync], CompileReport).
 
     Each GradientSync's `synced` is the value the optimizer must read for its parameter.
     Either `params_grads` (backward already ran) or `loss` and `backward` (loss -> params_grads),
     which compile calls after the FORWARD_REWRITE passes. `update([(param, reduced grad)], found_inf)`
-    builds the optimizer update; compile calls it before the UPDATE_REWRITE passes.
+    builds the optimizer update; compile calls it before the UPDATE_REWRITE passes. `optimizer` is
+    the inner optimizer `update` applies, for passes that depend on it (dgc needs Momentum's).
     """
     strategy.validate(topology)
     passes, enabled, unclaimed = check_knobs(strategy, registry)
     context = CompileContext(program, strategy, topology, [])
     context.loss = loss
+    context.optimizer = optimizer
     ordered = order_passes(enabled)
     forward = [p for p in ordered if p.phase == Phase.FORWARD_REWRITE]
     report = CompileReport(topology.describe())

@@ -31,9 +31,6 @@ NOT_YET = "no fleetlite pass implements it yet"
 # Pairs of knobs that contradict each other, where at least one has no fleetlite pass (pairs of
 # implemented passes declare theirs in `Pass.conflicts`).
 CONFLICTING_KNOBS = {
-    ("amp", "dgc"): "Fleet refuses DGC under AMP (its AMP optimizer black-lists DGC)",
-    ("fp16_allreduce", "dgc"): "DGC sends sparse top-k values, not the dense all-reduce that fp16_allreduce casts",
-    ("topk", "dgc"): "both replace the dense gradient all-reduce with a sparse exchange",
     ("localsgd", "adaptive_localsgd"): "both set the local SGD period (a fixed or an adaptive k)",
     ("lars", "lamb"): "LARS rewrites a Momentum update and LAMB an Adam update; an optimizer is one or the other",
 }

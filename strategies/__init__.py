@@ -7,6 +7,7 @@ from fleetlite.strategies.amp import Amp, AmpLossScaling
 from fleetlite.strategies.build_strategy_fusions import OpFusion
 from fleetlite.strategies.comm_rings import CommRings
 from fleetlite.strategies.data_parallel import DataParallel
+from fleetlite.strategies.dgc import Dgc, DgcUpdate
 from fleetlite.strategies.device_flags import (ConvWorkspaceSizeLimit, CudnnBatchNormSpatialPersistent,
                                                CudnnExhaustiveSearch)
 from fleetlite.strategies.execution_knobs import ExecutorThreads, InplaceReuse, SequentialExecution, StepsPerRun
@@ -40,6 +41,8 @@ REGISTRY = (
     OpFusion,
     ScaleGradient,
     TopkExchange,
+    Dgc,
+    DgcUpdate,
     ExecutorThreads,
     SequentialExecution,
     InplaceReuse,

@@ -70,6 +70,7 @@ class CompileContext:
         self.topology = topology
         self.gradients = gradients          # [GradientSync] in ready order (backward's)
         self.loss = None                    # what backward differentiates (FORWARD_REWRITE may replace it)
+        self.optimizer = None               # the inner optimizer, when compile builds its update (minimize)
         self.buckets = []                   # [gradient_buckets.Bucket] in issue order
         self.exchanged = set()              # indices of gradients a sparse exchange (topk) sends instead
         self.rings = RingTable(topology.world_size)

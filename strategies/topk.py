@@ -22,10 +22,8 @@ to its largest fraction d(step) = density ** (step / warmup_steps), a geometric 
 of acc) down to density, with the threshold estimated on MSTopK's sample, the unsent part kept in
 the residual as above; from step warmup_steps on, the top-k exchange. Both branches return the
 reduced gradient and the new residual, which is written back after the branch (Paddle 3.3.1 does
-not order in-place writes inside a branch reliably; see gradient_merge). Paddle's multi-threaded
-executor orders the collectives of the top level among themselves, but not against those inside
-a branch: ranks issued them in different orders and gloo aborted on mismatched sizes (measured).
-So with warm-up the program runs in program order (FLAGS_new_executor_sequential_run).
+not order in-place writes inside a branch reliably; see gradient_merge). With warm-up the program
+runs in program order (fleetlite.sparse_exchange says why).
 
 Hierarchical (`topk_configs.hierarchical`; Shi et al.'s two-level exchange): with L ranks per node
 group (`hierarchical_allreduce_inter_nranks`, or the ranks per node when it is 1, as for
@@ -65,19 +63,17 @@ from typing import Optional
 import paddle
 from paddle.pir.core import create_persistable_value
 
-from fleetlite import gradient_buckets, topk
+from fleetlite import gradient_buckets, sparse_exchange, topk
 from fleetlite.compile_report import human_bytes
 from fleetlite.errors import StrategyConflictError
-from fleetlite.requested_fields import requested
 from fleetlite.ring_table import INTER, INTRA
+from fleetlite.sparse_exchange import INDEX_BYTES, IN_ORDER
 from fleetlite.strategies.base import Pass, PassResult, Phase
 from fleetlite.strategies.hierarchical_allreduce import check_node_groups, intra_size
 from fleetlite.strategy import register_check
 
 RESIDUAL_SUFFIX = "@GRAD@TOPK_RESIDUAL"
 TAKEN_DTYPES = ("float32", "float64")
-INDEX_BYTES = 4    # int32 indices on the wire
-IN_ORDER = "FLAGS_new_executor_sequential_run"
 
 
 def fraction_sent(density, numel):
@@ -92,12 +88,8 @@ def check_topk_configs(strategy, topology):
     configs = strategy.topk_configs
     if configs.hierarchical and topology is not None:
         check_node_groups(strategy, topology, "topk_configs.hierarchical")
-    if configs.warmup_steps and requested(strategy, "build_strategy.enable_sequential_execution") \
-            and not strategy.build_strategy.enable_sequential_execution:
-        raise StrategyConflictError(
-            "topk_configs.warmup_steps puts collectives inside a branch, which only program order keeps in the "
-            "same order on every rank", field="build_strategy.enable_sequential_execution", value=False,
-            fix="leave build_strategy.enable_sequential_execution unset or true, or set topk_configs.warmup_steps: 0")
+    if configs.warmup_steps:
+        sparse_exchange.require_program_order(strategy, "topk_configs.warmup_steps", "set topk_configs.warmup_steps: 0")
     if configs.warmup_steps and strategy.gradient_merge:
         raise StrategyConflictError(
             "topk_configs.warmup_steps counts steps, but with gradient_merge the exchange runs once every "
@@ -143,35 +135,15 @@ class TopkExchange(Pass):
         if not taken:
             return PassResult(f"no float gradient has {configs.min_numel} elements (min_numel): all go dense",
                               {"gradients": []})
-        for bucket in context.buckets:
-            gradient_buckets.take_back(context, bucket)
-        context.buckets = []
-        context.exchanged = set(taken)
-        for index, grad in enumerate(context.gradients):
-            if index not in context.exchanged:
-                bucket = gradient_buckets.Bucket(len(context.buckets), [index], grad.dtype, grad.nbytes)
-                gradient_buckets.emit(context, bucket)
-                context.buckets.append(bucket)
+        sparse_exchange.take_from_buckets(context, taken)
         step = None
         if configs.warmup_steps:
-            step = self._step_counter(context, taken)
+            step = sparse_exchange.step_counter(context, [context.gradients[i] for i in taken], "topk_step")
             context.runtime_flags[IN_ORDER] = True
         levels = Levels.register(self.strategy, context.topology, context.rings) if configs.hierarchical else None
         exchange = _Exchange(context, configs, self.strategy.fp16_allreduce, step, levels)
         rows = [exchange.emit(i) for i in taken]
         return self._result(context, configs, rows, levels)
-
-    @staticmethod
-    def _step_counter(context, taken):
-        """A persistable step count, incremented before the first top-k exchange of each step."""
-        first = min((context.gradients[i].grad.get_defining_op() for i in taken),
-                    key=lambda op: context.block.ops.index(op))
-        with context.edit():
-            counter = create_persistable_value("int64", [1], paddle.utils.unique_name.generate("topk_step"),
-                                               initializer=paddle.nn.initializer.Constant(0))
-        with context.edit(before=first):
-            step = paddle.cast(paddle._C_ops.increment_(counter, 1.0), "float32") - 1.0
-        return step
 
     @staticmethod
     def _result(context, configs, rows, levels):
@@ -275,15 +247,8 @@ class _Exchange:
 
     def _sparse(self, flat, numel, k, name):
         values, indices = topk.mstopk(flat, k, self.configs.bisection_iterations, name=f"the gradient of {name}")
-        wire = paddle.cast(values, "float16") if self.fp16_wire else values
-        gathered, positions = wire, paddle.cast(indices, "int32")
-        if self.ranks > 1:
-            gathered = paddle._C_ops.all_gather(wire, self.ring, self.ranks)
-            positions = paddle._C_ops.all_gather(positions, self.ring, self.ranks)
-        if self.fp16_wire:
-            gathered = paddle.cast(gathered, flat.dtype)
-        summed = paddle.scatter_nd_add(paddle.zeros([numel], flat.dtype), paddle.reshape(positions, [-1, 1]),
-                                       gathered)
+        summed, wire = sparse_exchange.gather_and_scatter_add(values, indices, numel, self.ring, self.ranks,
+                                                              "float16" if self.fp16_wire else None)
         if not self.configs.error_feedback:
             return [self._scaled(summed)]
         sent = paddle.cast(wire, flat.dtype) if self.fp16_wire else values
@@ -307,5 +272,4 @@ class _Exchange:
         return [self._scaled(summed), paddle.where(kept, zeros, flat)]
 
     def _scaled(self, summed):
-        scale = self.context.gradient_scale
-        return summed if scale is None else paddle._C_ops.scale_(summed, scale, 0.0, True)
+        return sparse_exchange.scaled(self.context, summed)

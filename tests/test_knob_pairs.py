@@ -4,7 +4,7 @@ full batch, or the pair must raise a conflict error that names both knobs.
 KNOBS holds one setting per knob of the compiler issue (fusion sizes, rings, hierarchical
 all-reduce, sync_nccl_allreduce, the gradient scale) and of the knobs issue (gradient merge,
 optimizer fusion, op fusion, executor flags, steps per run, cuDNN, AMP, fp16 all-reduce, sync
-batch norm), top-k at density 1 (its exchange, numerically dense) and pto;
+batch norm), top-k at density 1 (its exchange, numerically dense), pto and dgc;
 `test_every_registered_pass_is_turned_on_by_some_knob` fails when a pass is registered without a
 setting here. All pairs run in three jobs, each building every pair's
 program in-process (workers/knob_pairs_worker.py): one 2-process job and its 1-process
@@ -47,6 +47,8 @@ KNOBS = {
     # density 1 sends every element: the top-k exchange machinery, numerically the dense all-reduce
     "topk": {"topk": True, "topk_configs": {"density": 1.0, "min_numel": 100}},
     "pto": {"pto": True, "pto_configs": {"allgather_bucket_MB": 0}},
+    # the conv net has no gradient of 16,384 elements: dgc takes none (its conflicts still apply)
+    "dgc": {"dgc": True},
 }
 NEEDS_TWO_NODES = {"hierarchical"}
 TOLERANCE = 1e-5
