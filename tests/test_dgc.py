@@ -83,7 +83,7 @@ def mstopk_ops(numel, k):
 STATE = ["data", "data", "data"]                      # u, v, and MSTopK's finite flag
 RESHAPE = ["full_int_array", "reshape"]
 CORRECT_AND_ACCUMULATE = ["full", "scale", "add", "add"]      # u = m * u + g; v = v + u
-GATHER_AND_SCATTER_ADD = ["all_gather", "cast", "all_gather", "full", "full_int_array", "reshape", "scatter_nd_add"]
+GATHER_AND_SCATTER_ADD = ["cast", "all_gather", "all_gather", "full", "full_int_array", "reshape", "scatter_nd_add"]
 MASK = ["full", "full_like", "full", "scale_", "scatter", "scatter"]   # zeros, the 1/N scale, u and v masked
 WRITE_BACK = ["assign_out_", "assign_out_"]
 

@@ -23,6 +23,9 @@ from fleetlite.strategies import REGISTRY
 from multiprocess import run_job
 
 WORKER = Path(__file__).resolve().parent / "workers" / "knob_pairs_worker.py"
+# The shared fixture's four jobs take ~2-3 minutes on a quiet 2-core machine; pytest-timeout
+# counts them against the first test, so the module's bound is the sum of the jobs' own bounds.
+pytestmark = pytest.mark.timeout(240 + 300 + 240 + 300)
 AMP_ON_CPU = {"custom_black_list": ["matmul", "conv2d", "relu", "elementwise_add", "flatten"],
               "custom_white_list": ["pool2d"], "init_loss_scaling": 1024.0, "incr_every_n_steps": 2}
 KNOBS = {
