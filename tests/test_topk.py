@@ -211,6 +211,7 @@ def test_every_rank_applies_the_same_reduced_gradients_and_ends_with_the_same_pa
 @pytest.mark.parametrize("case, fp16", [("ef", False), ("no_ef", False), ("fp16", True)])
 def test_each_step_equals_the_numpy_reference_of_the_exchange(ranks, case, fp16):
     assert ranks[0][case]["topk"]["achieved_density"] == pytest.approx((192 + 30) / (19200 + 3000))
+    assert ranks[0][case]["kernel_ops"] == 1      # linear_0.w_0's selection: the compiled kernel
     for name in TAKEN:
         for step in range(STEPS):
             raw, before, after, reduced = step_values(ranks, case, step, name)
@@ -289,14 +290,18 @@ def test_density_1_is_the_dense_all_reduce_exactly(ranks):
 # ---- fleetrun ---------------------------------------------------------------------------------
 
 def test_the_digits_example_trains_with_topk_through_fleetrun(tmp_path):
+    """300 hidden units: the first weight (19,200 elements) takes MSTopK's sampled path, the
+    compiled kernel, in the workers fleetrun starts."""
     env = {name: value for name, value in os.environ.items() if not name.startswith(("PADDLE_", "FLEETLITE_"))}
     result = subprocess.run([sys.executable, "-m", "fleetlite.launcher", "--nproc_per_node", "2", "--job_id", "topk",
                              "--log_dir", str(tmp_path / "log"), str(ROOT / "examples" / "train_digits.py"),
-                             "--strategy", str(ROOT / "configs" / "cpu_gloo_topk.yaml"), "--epochs", "4"],
+                             "--strategy", str(ROOT / "configs" / "cpu_gloo_topk.yaml"), "--epochs", "4",
+                             "--hidden", "300"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     output = result.stdout + result.stderr
     assert re.search(r"topk\s+COMMUNICATION\s+applied", output)
+    assert "MSTopK runs as Paddle ops" not in output
     losses = [float(v) for v in re.findall(r"epoch \d+: loss ([0-9.]+)", output)]
     assert len(losses) == 4 and losses[-1] < 0.5 * losses[0], losses
     accuracy = float(re.search(r"test accuracy ([0-9.]+)", output).group(1))
