@@ -67,7 +67,7 @@ struct Candidate {
 // more of x (random reads of a large x cost a cache miss each).
 template <typename T>
 std::vector<Candidate<T>> AtLeast(const T* x, int64_t n, T threshold, int64_t expected) {
-  constexpr int64_t kBlock = 64;
+  constexpr int64_t kBlock = 32;
   std::vector<Candidate<T>> found;
   found.reserve(expected);
   auto scan = [&](int64_t begin, int64_t end) {

@@ -305,4 +305,4 @@ def test_the_digits_example_trains_with_topk_through_fleetrun(tmp_path):
     losses = [float(v) for v in re.findall(r"epoch \d+: loss ([0-9.]+)", output)]
     assert len(losses) == 4 and losses[-1] < 0.5 * losses[0], losses
     accuracy = float(re.search(r"test accuracy ([0-9.]+)", output).group(1))
-    assert accuracy > 0.75          # chance is 0.1; measured 0.84 after these 88 steps at density 0.01
+    assert accuracy > 0.75          # chance is 0.1; measured 0.90 after these 88 steps at density 0.01
