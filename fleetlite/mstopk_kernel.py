@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import textwrap
 import threading
 
 import paddle
@@ -96,6 +97,22 @@ def _build(library):
     shutil.rmtree(folder, ignore_errors=True)       # what a killed build left
     os.makedirs(folder)
     print(f"fleetlite: building the MSTopK kernel into {library} (once per Paddle version)", file=sys.stderr)
+    try:
+        output, status = _run_build(folder)
+        built = os.path.join(folder, OP_NAME, OP_NAME + ".so")
+        if status != 0 or not os.path.exists(built):
+            with open(log, "w") as out:
+                out.write(output)
+            errors = [line for line in output.splitlines() if "error" in line.lower()] or output.splitlines()[-1:]
+            cause = textwrap.shorten(errors[0], 160, placeholder=" ...") if errors else "no output"
+            raise KernelUnavailable(f"building the kernel failed: {cause} (log: {log})")
+        os.replace(built, library)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_build(folder):
+    """(output, exit status) of the child that compiles into `folder`, killed at the deadline."""
     child = subprocess.Popen([sys.executable, "-m", __name__, folder], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -103,15 +120,8 @@ def _build(library):
     except subprocess.TimeoutExpired:
         os.killpg(child.pid, signal.SIGKILL)        # the compiler runs in the child's session
         child.communicate()
-        raise KernelUnavailable(f"building it took more than {BUILD_TIMEOUT:.0f} s") from None
-    built = os.path.join(folder, OP_NAME, OP_NAME + ".so")
-    if child.returncode != 0 or not os.path.exists(built):
-        with open(log, "w") as out:
-            out.write(output)
-        errors = [line for line in output.splitlines() if "error" in line.lower()] or output.splitlines()[-1:]
-        raise KernelUnavailable(f"building it failed: {errors[0].strip() if errors else 'no output'} (log: {log})")
-    os.replace(built, library)
-    shutil.rmtree(folder, ignore_errors=True)
+        raise KernelUnavailable(f"building the kernel took more than {BUILD_TIMEOUT:.0f} s") from None
+    return output, child.returncode
 
 
 def _compile_into(folder):
