@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import numpy as np
@@ -169,11 +168,30 @@ def test_the_kernel_orders_equal_magnitudes_by_index():
 
 # ---- building and loading the kernel ---------------------------------------------------------
 
-def run_child(code, cache, **env):
-    """Run `code` in a fresh Python whose kernel cache is `cache`: (exit status, stdout, stderr)."""
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                            timeout=120, env={**os.environ, mstopk_kernel.CACHE_ENV: str(cache), **env})
-    return result.returncode, result.stdout, result.stderr
+def start_child(code, cache, **env):
+    """A fresh Python running `code`, its kernel cache at `cache`."""
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, mstopk_kernel.CACHE_ENV: str(cache), **env})
+
+
+def finish(child):
+    """(exit status, stdout, stderr) of a child started by start_child."""
+    out, err = child.communicate(timeout=120)
+    return child.returncode, out, err
+
+
+def wait_until_opened(pid, path, timeout=60):
+    """Until process `pid` holds `path` open (as a rank waiting for the build lock does)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == path for fd in os.listdir(f"/proc/{pid}/fd")):
+                return
+        except FileNotFoundError:       # an fd closed while we looked
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} did not open {path} within {timeout} s")
 
 
 SELECT_IN_CHILD = """
@@ -193,7 +211,7 @@ SELECT_IN_CHILD = """
 
 
 def test_without_a_compiler_mstopk_warns_once_and_runs_as_paddle_ops(tmp_path):
-    status, out, err = run_child(SELECT_IN_CHILD, tmp_path, CXX="no-such-compiler")
+    status, out, err = finish(start_child(SELECT_IN_CHILD, tmp_path, CXX="no-such-compiler"))
     assert status == 0, err[-3000:]
     cause = "no C++ compiler ('no-such-compiler' is not on PATH; install g++ or set CXX)"
     warnings = [line for line in err.splitlines() if line.startswith("fleetlite:")]
@@ -204,20 +222,20 @@ def test_without_a_compiler_mstopk_warns_once_and_runs_as_paddle_ops(tmp_path):
 
 def test_a_rank_waits_for_the_neighbour_that_builds_the_kernel_and_loads_its_library(tmp_path, monkeypatch):
     """This process holds the build lock, as a rank that is compiling would; the child (which has
-    no compiler, so building itself would fail) must wait, then load the library put in place."""
+    no compiler, so building itself would fail) must wait for it, then load the library put in place."""
     assert mstopk_kernel.load_error() is None
     built = mstopk_kernel.library_path()
     monkeypatch.setenv(mstopk_kernel.CACHE_ENV, str(tmp_path))
     library = mstopk_kernel.library_path()
     with FileLock(library + ".lock", 10, "hold the lock for a test", TimeoutError):
-        child = threading.Thread(target=lambda: outcome.append(
-            run_child(SELECT_IN_CHILD, tmp_path, CXX="no-such-compiler")))
-        outcome = []
-        child.start()
-        time.sleep(3)
+        child = start_child(SELECT_IN_CHILD, tmp_path, CXX="no-such-compiler")
+        try:
+            wait_until_opened(child.pid, library + ".lock")
+        except AssertionError:
+            child.kill()
+            raise
         shutil.copy(built, library + ".partial")
         os.replace(library + ".partial", library)
-    child.join(120)
-    status, out, err = outcome[0]
+    status, out, err = finish(child)
     assert status == 0, err[-3000:]
     assert out.strip() == "kernel ran" and "fleetlite: warning" not in err
