@@ -3,6 +3,7 @@
 - `gather_and_scatter_add`: every rank's selected (values, indices) all-gathered on a ring (ring 0
   for the world) and added by index into a dense tensor. Each rank adds the gathered pairs in the
   same (rank) order, so all ranks hold bit-identical sums; indices travel as int32.
+- `selection`: which MSTopK the program gets for its device.
 - `take_from_buckets`: the taken gradients leave data_parallel's buckets; the others stay dense.
 - `scaled`: the sum times the job's gradient scale (1/N with the default `avg`), as buckets do.
 - `step_counter`: a persistable step index for schedules that branch on the step (`pd_op.if`).
@@ -21,6 +22,13 @@ from fleetlite.requested_fields import requested
 
 IN_ORDER = "FLAGS_new_executor_sequential_run"
 INDEX_BYTES = 4    # int32 indices on the wire
+
+
+def selection(context):
+    """MSTopK's implementation for the program's device, not the building machine's: the compiled
+    kernel is CPU code, so a program built for GPUs (on a CPU machine too, e.g. by `explain`)
+    takes the Paddle-op composition."""
+    return "auto" if context.topology.device == "cpu" else "ops"
 
 
 def take_from_buckets(context, taken):

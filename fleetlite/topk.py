@@ -3,9 +3,9 @@
 `mstopk(x, k)` and `exact_topk(x, k)` return the (values, indices) of the k elements of largest
 |x| in the flattened x: signed values, int64 indices into x.reshape(-1), in descending |x| order
 (when k >= numel: every element, in index order). They take a NumPy array (and return NumPy
-arrays) or a Paddle tensor or static value (and return the same). Both are built only of Paddle
-ops, so the one function builds the eager kernel, the static (PIR) ops the `topk` pass puts in
-training programs, and what benchmarks/topk_select.py measures.
+arrays) or a Paddle tensor or static value (and return the same). The one function runs eagerly
+and builds the static (PIR) ops the `topk` pass puts in training programs, with the same kernel,
+so what benchmarks/topk_select.py measures eagerly is what training runs.
 
 MSTopK (Shi et al., MLSys'21) bisects a threshold mean(a) + r * (max(a) - mean(a)) on a = |x|
 instead of sorting. A bisection over the whole tensor costs a full pass per iteration (on CPU,
@@ -16,20 +16,31 @@ slower than numpy.argpartition), so here it runs on a strided sample:
    `sampled_threshold`): a threshold that leaves at least `target` sample elements at or above
    it, `target` being the expected top-k hits plus MARGIN_SIGMAS standard deviations, so the
    full tensor has at least k elements above it except with vanishing probability;
-3. one masked pass over x, in chunks of CHUNK elements: trunc(x / threshold) != 0 marks
-   |x| >= threshold (and every inf or NaN), and nonzero() lists them (about 1.3 k survivors);
-   chunks keep each temporary small enough that the allocator reuses it (a fresh tensor the
-   size of x costs more in page faults than the pass itself);
+3. one pass over x lists the elements with |x| >= threshold (and every inf or NaN): about
+   1.3 k survivors;
 4. an exact top-k of the survivors' |x| trims them to exactly k; in the rare case that fewer
-   than k survived (an unlucky sample, or many zeros), a conditional branch runs the exact
-   top-k of x instead, so the result is always exactly k elements.
+   than k survived (an unlucky sample, or many zeros), the exact top-k of x runs instead, so
+   the result is always exactly k elements.
 Everything at or above the threshold survives, so whenever k survive, the trim returns the
 exact top-k (up to ties): the sample decides only how much work the trim has. Tensors of at
 most MIN_SAMPLED elements go straight to the exact top-k.
-A non-finite element always survives step 3, so checking the survivors for inf/NaN costs
-nothing; `mstopk` then raises (eagerly) or fails the program run (statically) with a message
-naming the tensor (gradients must be finite; with loss scaling an overflow is expected, which
-is why the `topk` pass does not combine with `amp` yet).
+
+Two implementations of steps 1-4, chosen by `implementation`:
+- "kernel": one compiled CPU operator (mstopk_select.cc, built on first use by
+  fleetlite.mstopk_kernel): a sample pass and one full pass, equal magnitudes ordered by index;
+- "ops": a composition of Paddle ops, for GPUs and wherever the kernel cannot be built. Each op
+  is a full pass with a fresh allocation, so step 3 runs in chunks of CHUNK elements:
+  trunc(x / threshold) != 0 marks |x| >= threshold (and every inf or NaN), nonzero() lists them;
+  chunks keep each temporary small enough that the allocator reuses it (a fresh tensor the size
+  of x costs more in page faults than the pass itself). The fallback to the exact top-k is a
+  conditional branch in a static program.
+"auto" (the default) takes the kernel for CPU tensors, and for static programs when Paddle's
+device is the CPU, if it loaded; the ops otherwise.
+A non-finite element always survives step 3 (and the kernel ranks NaN with inf), so checking
+the survivors (ops) or the k values (kernel) for inf/NaN costs nothing; `mstopk` then raises
+(eagerly) or fails the program run (statically) with a message naming the tensor (gradients
+must be finite; with loss scaling an overflow is expected, so the `topk` pass zeroes a
+non-finite gradient before selecting and lets AMP's agreed overflow flag drop the step).
 """
 import math
 
@@ -37,17 +48,23 @@ import numpy as np
 import paddle
 from paddle.pir.core import create_persistable_value
 
+from fleetlite import mstopk_kernel
+
 SAMPLE_HITS = 128        # expected true top-k elements in the sample
 MARGIN_SIGMAS = 5        # how far below the expected k-th value the sampled threshold sits
 CHUNK = 1 << 18          # elements per chunk of the masked pass (1 MiB of float32)
 MIN_SAMPLED = 1 << 14    # up to this many elements a sort is cheaper than MSTopK's ops: exact top-k
 FLOAT_DTYPES = ("float32", "float64")
+IMPLEMENTATIONS = ("auto", "kernel", "ops")
 
 
-def mstopk(x, k, iterations=20, name="x"):
+def mstopk(x, k, iterations=20, name="x", implementation="auto"):
     """(values, indices) of the k elements of largest |x| (see the module doc): exactly k, and
-    the exact top-k up to ties; `iterations` bisection steps place the sampled threshold."""
-    return _call(lambda flat, n: _mstopk(flat, n, k, iterations, name), x, k)
+    the exact top-k up to ties; `iterations` bisection steps place the sampled threshold;
+    `implementation` is "auto", "kernel" (an error where it cannot be built) or "ops"."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {', '.join(IMPLEMENTATIONS)}, got {implementation!r}")
+    return _call(lambda flat, n: _mstopk(flat, n, k, iterations, name, implementation), x, k)
 
 
 def exact_topk(x, k):
@@ -95,12 +112,17 @@ def _exact(flat, k):
     return paddle.gather(flat, indices), indices
 
 
-def _mstopk(flat, n, k, iterations, name):
+def _mstopk(flat, n, k, iterations, name, implementation):
     if n <= MIN_SAMPLED:
         _check_finite(flat, name)
         return _exact(flat, k)
     stride = sample_stride(n, k)
-    threshold = sampled_threshold(flat, stride, sample_target(n, k, stride), iterations)
+    target = sample_target(n, k, stride)
+    if _takes_kernel(flat, implementation):
+        values, indices = mstopk_kernel.select(flat, k, stride, target, iterations)
+        _check_finite(values, name)
+        return values, indices
+    threshold = sampled_threshold(flat, stride, target, iterations)
     survivors = _at_least(flat, n, threshold)
     candidates = paddle.gather(flat, survivors)
     _check_finite(candidates, name)
@@ -108,6 +130,19 @@ def _mstopk(flat, n, k, iterations, name):
     if paddle.in_dynamic_mode():
         return _trim(candidates, survivors, k) if bool(enough) else _exact(flat, k)
     return paddle.static.nn.cond(enough, lambda: _trim(candidates, survivors, k), lambda: _exact(flat, k))
+
+
+def _takes_kernel(flat, implementation):
+    if implementation == "ops":
+        return False
+    if implementation == "kernel":
+        error = mstopk_kernel.load_error()
+        if error is not None:
+            raise RuntimeError(f"implementation='kernel': the compiled MSTopK kernel is not available: {error}; "
+                               "use implementation='ops' or 'auto'")
+        return True
+    on_cpu = flat.place.is_cpu_place() if paddle.in_dynamic_mode() else paddle.device.get_device() == "cpu"
+    return on_cpu and mstopk_kernel.load_error() is None
 
 
 def sampled_threshold(flat, stride, target, iterations):

@@ -217,7 +217,8 @@ class _Exchange:
     def _sparse(self, flat, u, v, k, name):
         corrected = paddle.add(paddle.scale(u, self.momentum), flat)
         accumulated = paddle.add(v, corrected)
-        values, indices = topk.mstopk(accumulated, k, name=f"the accumulated gradient of {name}")
+        values, indices = topk.mstopk(accumulated, k, name=f"the accumulated gradient of {name}",
+                                      implementation=sparse_exchange.selection(self.context))
         summed, _ = sparse_exchange.gather_and_scatter_add(values, indices, flat.shape[0], 0, self.world)
         cleared = paddle.zeros_like(values)
         return [sparse_exchange.scaled(self.context, summed), paddle.scatter(corrected, indices, cleared),

@@ -246,7 +246,8 @@ class _Exchange:
         return paddle._C_ops.reduce_scatter(flat, self.levels.intra, self.levels.size)
 
     def _sparse(self, flat, numel, k, name):
-        values, indices = topk.mstopk(flat, k, self.configs.bisection_iterations, name=f"the gradient of {name}")
+        values, indices = topk.mstopk(flat, k, self.configs.bisection_iterations, name=f"the gradient of {name}",
+                                      implementation=sparse_exchange.selection(self.context))
         summed, wire = sparse_exchange.gather_and_scatter_add(values, indices, numel, self.ring, self.ranks,
                                                               "float16" if self.fp16_wire else None)
         if not self.configs.error_feedback:

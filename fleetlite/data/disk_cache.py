@@ -7,15 +7,14 @@ atomic on POSIX file systems; a power loss is not covered: there is no fsync). R
 node copy each file once between them: a per-file lock makes the second rank wait for the
 first and then read its copy. Temporary files of dead processes are removed when a cache opens.
 """
-import fcntl
 import hashlib
 import itertools
 import os
 import threading
-import time
 
 from fleetlite.data.sources import checked_name
 from fleetlite.errors import DataError
+from fleetlite.file_lock import FileLock
 from fleetlite.process_liveness import process_exists
 
 ENTRIES, LOCKS, PARTIAL = "entries", "locks", "partial"
@@ -59,7 +58,8 @@ class DiskCache:
 
     def _file_lock(self, name):
         digest = hashlib.sha1(checked_name(name).encode()).hexdigest()
-        return _Flock(os.path.join(self.folder, LOCKS, digest[:2], digest), self.lock_timeout, name)
+        return FileLock(os.path.join(self.folder, LOCKS, digest[:2], digest), self.lock_timeout,
+                        f"copy {name!r} into the disk cache", DataError)
 
     def _remove_partial_copies_of_dead_processes(self):
         folder = os.path.join(self.folder, PARTIAL)
@@ -70,30 +70,3 @@ class DiskCache:
                     os.unlink(os.path.join(folder, name))
                 except FileNotFoundError:
                     pass
-
-
-class _Flock:
-    """An exclusive lock on a lock file, waited for with a deadline (flock is released by the
-    kernel when its holder dies, so a killed rank never blocks the others)."""
-
-    def __init__(self, path, timeout, what):
-        self.path, self.timeout, self.what = path, timeout, what
-
-    def __enter__(self):
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    os.close(self.fd)
-                    raise DataError(f"waited {self.timeout:.0f} s for another process to copy {self.what!r} "
-                                    f"into the disk cache ({self.path} is locked)") from None
-                time.sleep(0.002)
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)

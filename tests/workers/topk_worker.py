@@ -1,7 +1,8 @@
 """Train a digits MLP with the top-k exchange, one case after another, and hand back what the
 NumPy reference needs: per step this rank's raw gradients, the reduced gradients every rank
-applies, and the residuals after the step (hierarchical: this rank's share); and the parameters
-at the end. Rank r of N trains on rows (N * step + r) * ROWS onwards.
+applies, and the residuals after the step (hierarchical: this rank's share); the parameters at
+the end; and how many of the program's ops are the compiled MSTopK kernel. Rank r of N trains on
+rows (N * step + r) * ROWS onwards.
 
 Usage: topk_worker.py CASES_JSON
 The raw gradients come from a second program (the same model, so the same parameter names, with
@@ -18,7 +19,7 @@ import paddle
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
-from fleetlite import training_program  # noqa: E402
+from fleetlite import mstopk_kernel, program_edit, training_program  # noqa: E402
 from fleetlite.api import _topology  # noqa: E402
 from fleetlite.strategies.topk import IN_ORDER, RESIDUAL_SUFFIX  # noqa: E402
 from multiprocess import write_result  # noqa: E402
@@ -80,8 +81,9 @@ def train(fields, x_all, y_all):
                           "reduced": {n: v.tolist() for n, v in zip(names, fetched[1:])}, "residual": residuals})
         params = {n: np.array(scope.find_var(n).get_tensor()).tolist() for n in names}
     record = report.record("topk")
+    kernels = [op for op in program_edit.walk(main.global_block()) if op.name() == "custom_op." + mstopk_kernel.OP_NAME]
     return {"steps": steps, "initial": initial, "params": params, "topk": record.details,
-            "applied": report.applied}
+            "applied": report.applied, "kernel_ops": len(kernels)}
 
 
 def main():
