@@ -16,7 +16,7 @@ import paddle
 import pytest
 
 from fleetlite import (CompileError, DistributedStrategy, StrategyConflictError, Topology, compiler, invariants,
-                       program_edit)
+                       program_edit, training_program)
 from fleetlite.ring_table import RingTable
 from fleetlite.strategies.topk import RESIDUAL_SUFFIX, Levels
 from multiprocess import run_job
@@ -74,6 +74,21 @@ def test_one_gradient_is_exchanged_as_top_k_with_error_feedback_and_the_rest_sta
                               "step instead of 8.0 KiB), error feedback; 3 dense (1.4 KiB)")
     assert record.details["bytes_per_step"] == 103 * 8 + (10 + 320 + 32) * 4
     assert report.applied == ["data_parallel", "topk", "fuse_all_reduce_ops", "gloo_lowering"]
+
+
+@pytest.mark.parametrize("topology, kernel_ops", [(CPU_4, 1), (GPU_32, 0)], ids=["cpu", "gpu"])
+def test_the_compiled_kernel_selects_only_in_programs_built_for_cpus(topology, kernel_ops):
+    """A 25,600-element gradient takes MSTopK's sampled path: on CPUs the compiled operator; a
+    program for GPUs gets the Paddle-op composition even when a CPU machine builds it."""
+    paddle.enable_static()
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [8, 64], "float32")
+        training_program.build(paddle.mean(paddle.nn.Linear(64, 400)(x)), paddle.optimizer.SGD(0.1),
+                               strategy(**TOPK), topology, startup)
+    names = [op.name() for op in program_edit.walk(main.global_block())]
+    assert names.count("custom_op.fleetlite_mstopk") == kernel_ops
+    assert ("pd_op.nonzero" in names) == (kernel_ops == 0)
 
 
 def test_the_residual_is_persistable_zero_at_start_and_written_back_each_step():
