@@ -2,7 +2,7 @@
 
 An exchange is one entry of EXCHANGES: a name, the strategy fields that select it (on top of
 the CPU preset, configs/cpu_gloo.yaml) and the formula of the bytes a rank sends per step. A new
-exchange (hierarchical top-k, dgc) is one more entry; without a formula of its own its bytes are
+exchange (dgc was one) is one more entry; without a formula of its own its bytes are
 measured but not predicted, and with a `family` and `density` it joins the throttled benchmark's
 density sweep.
 
@@ -11,7 +11,8 @@ calls gloo::allreduce without choosing an algorithm, which is the ring):
 - all-reduce of N bytes: the ring's reduce-scatter then all-gather, each rank sending W-1 of its
   W segments in each phase: 2 (W-1)/W * N per rank (N at W = 2);
 - all-gather of b bytes per rank: a ring, each rank forwarding W-1 blocks: (W-1) * b per rank;
-  one-level top-k all-gathers k values and k int32 indices per gradient: (W-1) * k * (4 + 4).
+  one-level top-k all-gathers k values and k int32 indices per gradient: (W-1) * k * (4 + 4),
+  and so does dgc once its schedule reached its last sparsity.
 The wire adds TCP/IP framing (a 66-byte header per segment of up to 64 KiB on loopback, and
 acknowledgements) and gloo's message headers: small for large messages, not for a few hundred
 bytes.
@@ -34,15 +35,17 @@ def allgather_ring_bytes(payload, world):
 
 
 def dense_and_one_level_topk_bytes(report, world):
-    """Bytes one rank sends per step: every dense bucket all-reduced, every top-k gradient's
-    (values, indices) all-gathered. None if the report shows a pass this formula does not model."""
-    modelled = {"data_parallel", "topk", "fuse_all_reduce_ops", "gloo_lowering", "gradient_scale_configs.scale_gradient"}
-    if set(report.applied) - modelled:
+    """Bytes one rank sends per step: every dense bucket all-reduced, every top-k (or dgc)
+    gradient's (values, indices) all-gathered. None if the report shows a pass this formula does
+    not model (hierarchical top-k, whose CPU lowering emulates its rings on ring 0)."""
+    modelled = {"data_parallel", "topk", "dgc", "dgc_update", "fuse_all_reduce_ops", "gloo_lowering",
+                "gradient_scale_configs.scale_gradient"}
+    if set(report.applied) - modelled or ("topk" in report.applied and
+                                          "hierarchical" in report.record("topk").details):
         return None
     sent = sum(allreduce_ring_bytes(bucket["bytes"], world) for bucket in report.buckets)
-    if "topk" in report.applied:
-        sent += sum(allgather_ring_bytes(g["wire_bytes"], world)
-                    for g in report.record("topk").details["gradients"])
+    for sparse in {"topk", "dgc"} & set(report.applied):
+        sent += allgather_ring_bytes(report.record(sparse).details["sparse_bytes_per_step"], world)
     return sent
 
 
@@ -72,11 +75,18 @@ def topk(density, error_feedback=True, warmup_steps=0):
         family=family, density=density)
 
 
+def dgc(sparsity):
+    """Fleet's dgc at one sparsity from the first step (no dense phase, no ramp)."""
+    return Exchange(f"dgc_{1 - sparsity:g}", {"dgc": True, "dgc_configs": {
+        "rampup_begin_step": 0, "sparsity": [sparsity]}}, family="dgc", density=round(1 - sparsity, 6))
+
+
 DENSE = Exchange("dense")
 EXCHANGES = {exchange.name: exchange for exchange in [
     DENSE,
     topk(0.1), topk(0.01), topk(0.001),
     topk(0.01, error_feedback=False), topk(0.001, error_feedback=False),
+    dgc(0.99), dgc(0.999),
 ]}
 
 

@@ -18,7 +18,6 @@ import paddle
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
-from fleetlite import training_program  # noqa: E402
 from fleetlite.api import _topology  # noqa: E402
 from fleetlite.sparse_exchange import IN_ORDER  # noqa: E402
 from multiprocess import write_result  # noqa: E402
@@ -31,30 +30,14 @@ def encoded(array):
     return base64.b64encode(np.ascontiguousarray(array, dtype=np.float32).tobytes()).decode()
 
 
-def model_loss(x, y):
-    hidden = paddle.nn.functional.relu(paddle.nn.Linear(64, HIDDEN)(x))
-    return paddle.nn.functional.cross_entropy(paddle.nn.Linear(HIDDEN, 10)(hidden), y)
-
-
 def programs(fields):
     """(training program, startup, loss, parameter names, raw-gradient program, {param: raw grad}, report)."""
     strategy = fleet.DistributedStrategy()
     for field, value in fields.items():
         setattr(strategy, field, value)
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
-        x = paddle.static.data("x", [ROWS, 64], "float32")
-        y = paddle.static.data("y", [ROWS, 1], "int64")
-        loss = model_loss(x, y)
-        built = training_program.build(loss, paddle.optimizer.Momentum(LEARNING_RATE, momentum=MOMENTUM), strategy,
-                                       _topology(), startup)
-    plain, plain_startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.utils.unique_name.guard(), paddle.static.program_guard(plain, plain_startup):
-        x = paddle.static.data("x", [ROWS, 64], "float32")
-        y = paddle.static.data("y", [ROWS, 1], "int64")
-        raw = paddle.static.append_backward(model_loss(x, y))
-    names = sorted(p.name for p, _ in built.params_grads)
-    return main, startup, loss, names, plain, {p.name: g for p, g in raw}, built.report
+    main, startup, loss, built, plain, raw = models.with_raw_gradients(
+        strategy, _topology(), lambda: paddle.optimizer.Momentum(LEARNING_RATE, momentum=MOMENTUM), ROWS, HIDDEN)
+    return main, startup, loss, sorted(p.name for p, _ in built.params_grads), plain, raw, built.report
 
 
 def train(fields, x_all, y_all):

@@ -3,7 +3,8 @@
 `loss(x, y, shards)` splits the batch into `shards` equal parts and averages their losses:
 with batch norm, N ranks normalise over their own shard, so the one-process oracle must
 normalise over the same shards to compute the same function (without batch norm the
-split changes nothing). `compiled_program` builds one for the structural tests.
+split changes nothing). `compiled_program` builds one for the structural tests;
+`with_raw_gradients` builds a wider MLP with the plain-backward twin the exchange workers read.
 """
 import paddle
 from sklearn.datasets import load_digits
@@ -62,3 +63,31 @@ def compiled_program(strategy, topology, model_name="mlp", rows=8, optimizer=Non
         built = training_program.build(loss(model_name, x, y, 1), optimizer or paddle.optimizer.SGD(0.1),
                                        strategy, topology, startup)
     return main, startup, built
+
+
+def wide_mlp_loss(x, y, hidden):
+    """64 -> hidden -> 10: with 300 hidden units the first weight (19,200 elements) is large
+    enough for MSTopK's sampled path and for dgc (>= 16,384)."""
+    activations = paddle.nn.functional.relu(paddle.nn.Linear(64, hidden)(x))
+    return paddle.nn.functional.cross_entropy(paddle.nn.Linear(hidden, 10)(activations), y)
+
+
+def with_raw_gradients(strategy, topology, make_optimizer, rows, hidden):
+    """The wide MLP's training program compiled for `strategy`, and beside it the same model with
+    plain backward (same parameter names), whose gradients run on the same scope and batch just
+    before a training step are exactly what backward computes inside the compiled program.
+
+    Returns (main, startup, loss, training_program.DataParallelProgram, plain program, {param: raw grad}).
+    """
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [rows, 64], "float32")
+        y = paddle.static.data("y", [rows, 1], "int64")
+        loss = wide_mlp_loss(x, y, hidden)
+        built = training_program.build(loss, make_optimizer(), strategy, topology, startup)
+    plain, plain_startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(plain, plain_startup):
+        x = paddle.static.data("x", [rows, 64], "float32")
+        y = paddle.static.data("y", [rows, 1], "int64")
+        raw = paddle.static.append_backward(wide_mlp_loss(x, y, hidden))
+    return main, startup, loss, built, plain, {p.name: g for p, g in raw}

@@ -19,7 +19,7 @@ import paddle
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
-from fleetlite import mstopk_kernel, program_edit, training_program  # noqa: E402
+from fleetlite import mstopk_kernel, program_edit  # noqa: E402
 from fleetlite.api import _topology  # noqa: E402
 from fleetlite.strategies.topk import IN_ORDER, RESIDUAL_SUFFIX  # noqa: E402
 from multiprocess import write_result  # noqa: E402
@@ -29,29 +29,14 @@ ROWS, STEPS, HIDDEN, LEARNING_RATE = 16, 6, 300, 0.1
 TAKEN = ("linear_0.w_0", "linear_1.w_0")
 
 
-def model_loss(x, y):
-    hidden = paddle.nn.functional.relu(paddle.nn.Linear(64, HIDDEN)(x))
-    return paddle.nn.functional.cross_entropy(paddle.nn.Linear(HIDDEN, 10)(hidden), y)
-
-
 def programs(fields):
     """(training program, startup, loss, {param: reduced grad}, raw-gradient program, {param: raw grad}, report)."""
     strategy = fleet.DistributedStrategy()
     for field, value in fields.items():
         setattr(strategy, field, value)
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
-        x = paddle.static.data("x", [ROWS, 64], "float32")
-        y = paddle.static.data("y", [ROWS, 1], "int64")
-        loss = model_loss(x, y)
-        built = training_program.build(loss, paddle.optimizer.SGD(LEARNING_RATE), strategy, _topology(), startup)
-    plain, plain_startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.utils.unique_name.guard(), paddle.static.program_guard(plain, plain_startup):
-        x = paddle.static.data("x", [ROWS, 64], "float32")
-        y = paddle.static.data("y", [ROWS, 1], "int64")
-        raw = paddle.static.append_backward(model_loss(x, y))
-    reduced = {p.name: g for p, g in built.params_grads}
-    return main, startup, loss, reduced, plain, {p.name: g for p, g in raw}, built.report
+    main, startup, loss, built, plain, raw = models.with_raw_gradients(
+        strategy, _topology(), lambda: paddle.optimizer.SGD(LEARNING_RATE), ROWS, HIDDEN)
+    return main, startup, loss, {p.name: g for p, g in built.params_grads}, plain, raw, built.report
 
 
 def train(fields, x_all, y_all):
