@@ -9,7 +9,6 @@ compiled program computes exactly the same values. The model's first weight (64 
 elements) is the one gradient DGC takes (>= 16,384); the others go dense.
 """
 import base64
-import json
 import sys
 from pathlib import Path
 
@@ -19,9 +18,7 @@ import paddle
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
 from fleetlite.api import _topology  # noqa: E402
-from fleetlite.sparse_exchange import IN_ORDER  # noqa: E402
-from multiprocess import write_result  # noqa: E402
-from workers import models  # noqa: E402
+from workers import case_runner, models  # noqa: E402
 
 ROWS, STEPS, HIDDEN, LEARNING_RATE, MOMENTUM = 16, 7, 300, 0.1, 0.9
 
@@ -61,18 +58,5 @@ def train(fields, x_all, y_all):
     return {"initial": initial, "steps": steps, "applied": report.applied, "dgc": report.record("dgc").details}
 
 
-def main():
-    cases = json.loads(sys.argv[1])
-    paddle.enable_static()
-    fleet.init(is_collective=True)
-    x_all, y_all = models.digits(2 * ROWS * STEPS)
-    defaults = paddle.get_flags([IN_ORDER])
-    results = {}
-    for name, fields in cases.items():
-        results[name] = train(fields, x_all, y_all)
-        paddle.set_flags(defaults)
-    write_result(results)
-
-
 if __name__ == "__main__":
-    main()
+    case_runner.train_each_case(train, ROWS * STEPS)

@@ -10,7 +10,6 @@ plain backward) run on the same scope and batch just before each training step: 
 compiled program computes exactly the same values. The model's first weight (64 x 300 = 19,200
 elements) is large enough for MSTopK's sampled path; its second (3,000) takes the exact path.
 """
-import json
 import sys
 from pathlib import Path
 
@@ -21,9 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
 from fleetlite import mstopk_kernel, program_edit  # noqa: E402
 from fleetlite.api import _topology  # noqa: E402
-from fleetlite.strategies.topk import IN_ORDER, RESIDUAL_SUFFIX  # noqa: E402
-from multiprocess import write_result  # noqa: E402
-from workers import models  # noqa: E402
+from fleetlite.strategies.topk import RESIDUAL_SUFFIX  # noqa: E402
+from workers import case_runner, models  # noqa: E402
 
 ROWS, STEPS, HIDDEN, LEARNING_RATE = 16, 6, 300, 0.1
 TAKEN = ("linear_0.w_0", "linear_1.w_0")
@@ -71,18 +69,5 @@ def train(fields, x_all, y_all):
             "applied": report.applied, "kernel_ops": len(kernels)}
 
 
-def main():
-    cases = json.loads(sys.argv[1])
-    paddle.enable_static()
-    fleet.init(is_collective=True)
-    x_all, y_all = models.digits(fleet.worker_num() * ROWS * STEPS)
-    defaults = paddle.get_flags([IN_ORDER])
-    results = {}
-    for name, fields in cases.items():
-        results[name] = train(fields, x_all, y_all)
-        paddle.set_flags(defaults)
-    write_result(results)
-
-
 if __name__ == "__main__":
-    main()
+    case_runner.train_each_case(train, ROWS * STEPS)
