@@ -10,14 +10,18 @@ import paddle
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
-def test_gradsync_driver_runs_its_contenders_and_reports_ratios(tmp_path):
-    out = tmp_path / "gradsync.json"
-    result = subprocess.run(
-        [sys.executable, "gradsync.py", "--only", "paddle_flat_limit", "fleetlite_cpu_preset",
-         "--rounds", "1", "--warmup", "0", "--reps", "1", "--json", str(out)],
-        cwd=BENCHMARKS, capture_output=True, text=True, timeout=240)
+def run_driver(tmp_path, script, *args, timeout=240):
+    """(the finished process, its --json report) of one benchmark driver run, which must exit 0."""
+    out = tmp_path / "report.json"
+    result = subprocess.run([sys.executable, script, *args, "--json", str(out)], cwd=BENCHMARKS,
+                            capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(out.read_text())
+    return result, json.loads(out.read_text())
+
+
+def test_gradsync_driver_runs_its_contenders_and_reports_ratios(tmp_path):
+    result, report = run_driver(tmp_path, "gradsync.py", "--only", "paddle_flat_limit", "fleetlite_cpu_preset",
+                                "--rounds", "1", "--warmup", "0", "--reps", "1")
     assert [row["contender"] for row in report["rows"]] == ["paddle_flat_limit", "fleetlite_cpu_preset"]
     assert all(row["median_ms"] > 0 for row in report["rows"])
     assert report["ratios"]["best_fleetlite"] == "fleetlite_cpu_preset"
@@ -25,23 +29,14 @@ def test_gradsync_driver_runs_its_contenders_and_reports_ratios(tmp_path):
 
 
 def test_data_loading_driver_runs_its_contenders_and_reports_ratios(tmp_path):
-    out = tmp_path / "data.json"
-    result = subprocess.run(
-        [sys.executable, "data_loading.py", "--samples", "20000", "--records", "800", "--rounds", "1",
-         "--warmup", "0", "--reps", "1", "--json", str(out)],
-        cwd=BENCHMARKS, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(out.read_text())
+    _, report = run_driver(tmp_path, "data_loading.py", "--samples", "20000", "--records", "800",
+                           "--rounds", "1", "--warmup", "0", "--reps", "1")
     assert len(report["rows"]) == 8 and all(row["median_ms"] > 0 for row in report["rows"])
     assert {"sampler_fleetlite_vs_paddle", "records_shard_of_2_vs_whole"} <= set(report["ratios"])
 
 
 def test_data_cache_driver_runs_quick_and_reports_every_key(tmp_path):
-    out = tmp_path / "cache.json"
-    result = subprocess.run([sys.executable, "data_cache.py", "--quick", "--json", str(out)],
-                            cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(out.read_text())
+    _, report = run_driver(tmp_path, "data_cache.py", "--quick", timeout=300)
     assert {"uncached_epoch_s", "epoch1_s", "epoch2_s", "page_cache_epoch_s", "stall_fraction",
             "resident_bytes_per_node", "sizes", "decode_images_per_s", "with_augmentation", "with_dali_augmentation",
             "load_average_1_5_15_min"} <= set(report)
@@ -54,11 +49,7 @@ def test_data_cache_driver_runs_quick_and_reports_every_key(tmp_path):
 
 
 def test_amp_bf16_driver_measures_where_the_cpu_has_bfloat16_and_says_why_not_elsewhere(tmp_path):
-    out = tmp_path / "amp_bf16.json"
-    result = subprocess.run([sys.executable, "amp_bf16.py", "--rounds", "1", "--warmup", "0", "--reps", "1",
-                             "--json", str(out)], cwd=BENCHMARKS, capture_output=True, text=True, timeout=480)
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(out.read_text())
+    result, report = run_driver(tmp_path, "amp_bf16.py", "--rounds", "1", "--warmup", "0", "--reps", "1", timeout=480)
     if not paddle.base.core.supports_bfloat16():
         assert result.stdout.startswith("skipped: this CPU has no AVX512-BF16")
         assert report == {"skipped": result.stdout[len("skipped: "):].strip()}
@@ -69,12 +60,8 @@ def test_amp_bf16_driver_measures_where_the_cpu_has_bfloat16_and_says_why_not_el
 
 
 def test_topk_select_driver_runs_its_contenders_and_reports_ratios(tmp_path):
-    out = tmp_path / "topk.json"
-    result = subprocess.run(
-        [sys.executable, "topk_select.py", "--sizes", "0.05", "--densities", "0.01", "--rounds", "1", "--warmup", "0",
-         "--json", str(out)], cwd=BENCHMARKS, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(out.read_text())
+    _, report = run_driver(tmp_path, "topk_select.py", "--sizes", "0.05", "--densities", "0.01",
+                           "--rounds", "1", "--warmup", "0")
     (row,) = report["rows"]
     assert row["k"] == 500 and row["recall"] == 1.0
     assert all(row[name] > 0 for name in ("mstopk_static", "mstopk_eager", "numpy_argpartition", "stream"))
@@ -82,25 +69,17 @@ def test_topk_select_driver_runs_its_contenders_and_reports_ratios(tmp_path):
 
 
 def test_pto_driver_runs_its_contenders_and_reports_update_times_and_state_bytes(tmp_path):
-    out = tmp_path / "pto.json"
-    result = subprocess.run(
-        [sys.executable, "pto.py", "--models", "small_params", "--rounds", "1", "--warmup", "0", "--reps", "1",
-         "--json", str(out)], cwd=BENCHMARKS, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-2000:]
-    ratios = json.loads(out.read_text())["ratios"]["small_params"]
+    _, report = run_driver(tmp_path, "pto.py", "--models", "small_params", "--rounds", "1", "--warmup", "0",
+                           "--reps", "1")
+    ratios = report["ratios"]["small_params"]
     assert ratios["update_ms_one_rank"] > 0 and ratios["update_ms_pto"] > 0
     assert 0 < ratios["optimizer_state_bytes_per_rank"] < ratios["optimizer_state_bytes_unsharded"]
     assert ratios["model"] == "small_params"
 
 
 def test_topk_wire_bytes_driver_counts_what_the_formula_predicts_or_says_why_it_cannot(tmp_path):
-    out = tmp_path / "wire.json"
-    result = subprocess.run(
-        [sys.executable, "topk_wire_bytes.py", "--exchanges", "dense", "topk_0.01", "--layers", "64,512,10",
-         "--rounds", "1", "--warmup", "1", "--steps", "2", "--json", str(out)],
-        cwd=BENCHMARKS, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(out.read_text())
+    result, report = run_driver(tmp_path, "topk_wire_bytes.py", "--exchanges", "dense", "topk_0.01",
+                                "--layers", "64,512,10", "--rounds", "1", "--warmup", "1", "--steps", "2")
     if "skipped" in report:     # not root, or no iproute2: the reason is printed, nothing measured
         assert result.stdout.startswith("skipped: ") and report["skipped"]
         return
