@@ -18,6 +18,7 @@ import paddle
 
 from fleetlite import checkpoint, foreign_launcher, process_group, sharded_state, steps_per_run, training_program
 from fleetlite.base.role_maker import PaddleCloudRoleMaker, RoleMakerBase
+from fleetlite.collective_waits import waiting_in
 from fleetlite.env_contract import EXPLAIN_ONLY
 from fleetlite.errors import FleetliteError, StrategyConflictError
 from fleetlite.job_values import JobValues
@@ -95,7 +96,8 @@ def node_num():
 def barrier_worker():
     """Block until every worker arrives (a no-op for one worker)."""
     _topology()
-    process_group.barrier()
+    with waiting_in("fleet.barrier_worker"):
+        process_group.barrier()
 
 
 rank, nranks, world_size, rank_in_node = worker_index, worker_num, worker_num, local_rank
