@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-PROGRESS_RECORD_BYTES = 1024 # fixed width: each update overwrites the last in place
+PROGRESS_RECORD_BYTES = 1024  # fixed width: each update overwrites the last in place
 WHERE_CHARS = 100             # so a record always fits, even with every character escaped
 
 
