@@ -11,13 +11,15 @@ import time
 import pytest
 
 from fleetlite.errors import LaunchError
+from fleetlite import collective_waits
 from fleetlite.launcher import ports
+from fleetlite.launcher.collective_stall import Stall, StallWatch, find_stall, format_stall
 from fleetlite.launcher.failure_report import WorkerEnd, diagnose, exit_code, format_report
 from fleetlite.launcher.log_tee import LogTee
 from fleetlite.launcher.preflight import check_devices, find_this_host, visible_gpu_count
 from fleetlite.launcher.supervisor import StopRequest, stop_processes, watch
-from fleetlite.launcher.worker_records import (ErrorRecord, Progress, ProgressWriter, read_error,
-                                               read_progress, write_error)
+from fleetlite.launcher.worker_records import (CollectiveWait, ErrorRecord, Progress, ProgressWriter,
+                                               read_error, read_progress, write_error)
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "launcher_scripts")
 
@@ -116,6 +118,57 @@ def test_error_and_progress_records_round_trip(tmp_path):
     for _ in range(12):
         progress.enter_step()
     assert read_progress(progress_file).steps == 12
+
+
+def test_the_progress_record_says_which_fleet_collective_the_worker_waits_in(tmp_path):
+    progress_file = tmp_path / "p"
+    progress = ProgressWriter(str(progress_file))
+    progress.enter_step()
+    collective_waits.listen(progress)
+    try:
+        with collective_waits.waiting_in("fleet.util.barrier"):
+            wait = read_progress(progress_file).collective
+            line = sys._getframe().f_lineno - 2                        # the `with` line: the caller
+        with collective_waits.waiting_in("fleet.util.all_reduce"):
+            second = read_progress(progress_file).collective
+    finally:
+        collective_waits.listen(None)
+    assert (wait.kind, wait.sequence, wait.where) == ("fleet.util.barrier", 1, f"test_launcher_parts.py:{line}")
+    assert (second.kind, second.sequence) == ("fleet.util.all_reduce", 2)
+    assert read_progress(progress_file) == Progress(1, read_progress(progress_file).time, None)   # left it
+    progress.enter_collective("fleet.util.barrier", "\u00e9" * 500)      # a long, escaped caller still fits
+    assert read_progress(progress_file).collective.where == "\u00e9" * 100
+
+
+def waiting(kind, sequence, since, where="train.py:1"):
+    return CollectiveWait(kind, sequence, where, since)
+
+
+def test_ranks_waiting_past_the_deadline_in_different_collectives_are_a_stall():
+    barrier, reduce = waiting("fleet.util.barrier", 3, 100.0, "train.py:45"), waiting("fleet.util.all_reduce", 3, 101.0,
+                                                                                     "train.py:42")
+    assert find_stall({0: reduce, 1: barrier}, now=111.5, deadline=10) == Stall(((0, reduce), (1, barrier)), 10.5)
+    assert find_stall({0: reduce, 1: barrier}, now=110.5, deadline=10) is None      # rank 0: only 9.5 s
+    assert find_stall({0: barrier, 1: barrier}, now=200, deadline=10) is None       # the same call: waiting
+    assert find_stall({0: barrier, 1: None}, now=200, deadline=10) is None          # rank 1 is still working
+    later = waiting("fleet.util.barrier", 4, 100.0)                                 # the same call, once more
+    assert find_stall({0: barrier, 1: later}, now=200, deadline=10).seconds == 100
+    assert format_stall(find_stall({0: reduce, 1: barrier, 2: None}, now=111, deadline=10)) == [
+        "fleetrun: root cause: rank 0 waits in fleet.util.all_reduce (called from train.py:42, its fleet "
+        "collective #3) while rank 1 waits in fleet.util.barrier (called from train.py:45, its fleet collective "
+        "#3), for 10 s: the ranks called different collectives; call the same collectives in the same order on "
+        "every rank (fleetrun stopped the job after its stall deadline, --collective_stall_timeout)"]
+
+
+def test_the_stall_watch_reads_the_progress_records_and_a_deadline_of_0_never_fires(tmp_path):
+    files = {rank: str(tmp_path / f"p{rank}") for rank in (0, 1)}
+    writers = {rank: ProgressWriter(path) for rank, path in files.items()}
+    writers[0].enter_collective("fleet.util.all_reduce", "t.py:1")
+    writers[1].enter_collective("fleet.util.barrier", "t.py:2")
+    assert StallWatch(files, 10, clock=lambda: time.time() + 5).check() is None
+    assert StallWatch(files, 0, clock=lambda: time.time() + 1e6).check() is None
+    found = StallWatch(files, 10, clock=lambda: time.time() + 11).check()
+    assert [rank for rank, _ in found.waits] == [0, 1]
 
 
 # --- failure report --------------------------------------------------------------------------
@@ -230,6 +283,9 @@ def test_watch_returns_when_all_succeed_or_a_stop_is_requested():
     stop = StopRequest()
     stop.request(2)
     assert watch([StandIn("running")], stop) == [] and stop.reason == "SIGINT"
+    checks = []
+    assert watch([StandIn("waiting")], StopRequest(), poll_interval=0.001,
+                 stalled=lambda: checks.append(1) or len(checks) == 3) == [] and len(checks) == 3
 
 
 def test_a_second_stop_request_skips_the_grace_period():

@@ -197,6 +197,30 @@ def test_a_stalled_rank_is_named_when_the_collective_times_out(tmp_path):
     assert "stopped by fleetrun: rank 1" in result.stderr
 
 
+def test_ranks_in_different_collectives_are_stopped_at_the_stall_deadline_naming_each_call(tmp_path):
+    """Rank 0 in fleet.util.all_reduce, rank 1 in fleet.util.barrier: without fleetrun's stall
+    watch, gloo would end the job after 30 s with a C++ traceback."""
+    script = os.path.join(SCRIPTS, "fleet_save_idiom.py")
+    with open(script) as source:
+        lines = source.read().splitlines()
+    line_of = {marker: lines.index(next(l for l in lines if marker in l)) + 1
+               for marker in ("fleet.util.all_reduce(1)", "fleet.util.barrier()       # the others")}
+    started = time.monotonic()
+    result = fleetrun(["--nproc_per_node", "2", "--job_id", "mismatch", "--collective_stall_timeout", "4",
+                       script, "out", "--mismatch"], tmp_path)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(
+        r"fleetrun: root cause: rank 0 waits in fleet.util.all_reduce \(called from fleet_save_idiom.py:"
+        rf"{line_of['fleet.util.all_reduce(1)']}, its fleet collective #1\) while rank 1 waits in "
+        rf"fleet.util.barrier \(called from fleet_save_idiom.py:{line_of['fleet.util.barrier()       # the others']}, "
+        r"its fleet collective #1\), for [45] s: the ranks called different collectives; call the same "
+        r"collectives in the same order on every rank", result.stderr), result.stderr
+    assert "stopped by fleetrun: rank 0, rank 1" in result.stderr
+    assert "C++ Traceback" not in result.stdout + result.stderr and "gloo" not in result.stderr
+    assert elapsed < 30, f"{elapsed:.1f} s: gloo's timeout, not the stall deadline, ended the job"
+
+
 def test_two_jobs_on_one_host_get_different_store_ports(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
