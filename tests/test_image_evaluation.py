@@ -43,7 +43,8 @@ def evaluation_batches(folder, name, cache_dir):
     """[(images, labels)] of one epoch of `image_loader(folder, training=False)` under LOADERS[name]."""
     loader, levels = LOADERS[name]
     if loader == "dali":
-        pytest.importorskip("nvidia.dali", reason="the `test` extra installs nvidia-dali-cuda120; this checkout lacks it")
+        pytest.importorskip("nvidia.dali", reason="the `test` extra installs nvidia-dali-cuda120; this checkout "
+                                                  "lacks it")
     strategy = fleet.DistributedStrategy()
     strategy.data_configs = {"loader": loader, "cache_levels": levels, "cache_dir": str(cache_dir),
                              "memory_cache_MB": 1}
