@@ -339,7 +339,9 @@ def test_bfloat16_trains_like_float32_within_bfloat16_rounding(run):
     fp32_losses, fp32_params, _ = in_process.train(DistributedStrategy(), sgd, rows=16, steps=4, model=model)
     losses, params, report = in_process.train(amp_strategy(**configs), sgd, rows=16, steps=4, model=model)
     assert report.record("amp").details["dtype"] == "bfloat16" and report.record("amp").details["low_ops"]
-    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
+    # each step reads other digits, so the losses need not fall in 4 steps (float32's on the MLP do
+    # not: 2.44, 2.27, 2.20, 2.46); float32 is the oracle, and its parameters move by > 0.03
+    assert np.all(np.isfinite(losses))
     np.testing.assert_allclose(losses, fp32_losses, rtol=0, atol=BF16_LOSS_ATOL)
     for name, values in fp32_params.items():
         if name not in RUNNING_STATISTICS:
