@@ -2,14 +2,17 @@
 classification set for this rank, from the loader and cache levels `data_configs` names.
 
 - loader "paddle": files read through `CachedSamples` (cache_levels, cache_dir,
-  memory_cache_MB), decoded with PIL, augmented with numpy, batched by the node-partition
-  sampler (or the distributed one without a cache) and read ahead by a prefetch thread;
+  memory_cache_MB), decoded with PIL to `resize` x `resize`, augmented with numpy (evaluation:
+  the centre crop), batched by the node-partition sampler (or the distributed one without a
+  cache) and read ahead by a prefetch thread;
 - loader "dali" without cache levels: the DALI pipeline of dali_pipeline.py, which reads the
   files itself, sharded by rank;
 - loader "dali" with cache levels ("cache after decode"): files read and decoded through
   `CachedSamples` as for "paddle", batched by the node-partition sampler, and augmented in DALI
   operators fed from the cache (dali_augmentation.py), read ahead by the prefetch thread.
-All yield [images float32 NCHW, labels int64 N x 1], ready for `exe.run(feed=...)`.
+All yield [images float32 NCHW, labels int64 N x 1], ready for `exe.run(feed=...)`, normalized by
+ImageNet's mean and std in training and evaluation (`training=False`: the `crop` x `crop` centre
+of the image resized to `resize` on its shorter side).
 """
 import functools
 import os
@@ -21,7 +24,7 @@ from fleetlite.data.cached_samples import CachedSamples
 from fleetlite.data.dali_augmentation import DaliAugmentation
 from fleetlite.data.dali_pipeline import DaliBatches, gpu_batches, image_pipeline
 from fleetlite.data.distributed import DistributedBatchSampler
-from fleetlite.data.image_transforms import augment_image, decode_image
+from fleetlite.data.image_transforms import augment_image, centre_crop_image, decode_image
 from fleetlite.data.node_partition import NodePartitionBatchSampler
 from fleetlite.data.prefetch import Prefetcher
 from fleetlite.data.sources import FileSource
@@ -130,11 +133,11 @@ def image_loader(images, strategy=None, batch_size=None, *, crop=224, resize=256
         return _dali_batches(images, root, names, labels, config, batch_size, crop, resize, training, seed,
                              num_threads)
     if config.loader == "dali":        # cache after decode: DALI augments what the cache delivers
-        decode_size, augment = resize, None
+        augment = None
     else:
-        decode_size, augment = (resize, functools.partial(augment_image, crop=crop)) if training else (crop, None)
+        augment = functools.partial(augment_image if training else centre_crop_image, crop=crop)
     dataset = CachedSamples(source or FileSource(root), names, labels,
-                            functools.partial(decode_image, size=decode_size), augment,
+                            functools.partial(decode_image, size=resize), augment,
                             levels=config.cache_levels, cache_dir=config.cache_dir,
                             memory_bytes=config.memory_cache_MB << 20, seed=seed)
     sampler_type = NodePartitionBatchSampler if config.cache_levels else DistributedBatchSampler
