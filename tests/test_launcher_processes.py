@@ -279,6 +279,9 @@ UNWRITABLE_LOG = "pass a folder you can write to as --log_dir"
     pytest.param(["--log_dir", "read-only/logs", TRAIN],
                  f"--log_dir read-only/logs: cannot create read-only/logs (Permission denied): {UNWRITABLE_LOG}",
                  marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes past permission bits")),
+    pytest.param(["--log_dir", "read-only", TRAIN],
+                 f"--log_dir read-only: the folder is not writable (permission denied): {UNWRITABLE_LOG}",
+                 marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes past permission bits")),
     # the script
     (["folder"], "script folder is a directory, not a file: pass the training script (the .py file) to run"),
     (["folder/"], "script folder/ is a directory, not a file: pass the training script (the .py file) to run"),
