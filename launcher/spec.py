@@ -44,9 +44,13 @@ def _endpoint(raw):
 
 
 def _list(raw):
+    if not raw.strip():
+        raise ValueError("it is empty")
     items = [item.strip() for item in raw.split(",")]
-    if not all(items):
-        raise ValueError("an item of the comma-separated list is empty")
+    empty = [position for position, item in enumerate(items, 1) if not item]
+    if empty:
+        raise ValueError(f"item {empty[0]} of the comma-separated list is empty: remove the extra "
+                         f"comma")
     return tuple(items)
 
 

@@ -3,6 +3,7 @@ supervision with stand-in processes, the console tee and the worker bootstrap.""
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -16,7 +17,8 @@ from fleetlite.launcher import ports
 from fleetlite.launcher.collective_stall import Stall, StallWatch, find_stall, format_stall
 from fleetlite.launcher.failure_report import WorkerEnd, diagnose, exit_code, format_report
 from fleetlite.launcher.log_tee import LogTee
-from fleetlite.launcher.preflight import check_devices, find_this_host, visible_gpu_count
+from fleetlite.launcher.preflight import (check_devices, check_hosts, find_this_host, prepare_log_dir,
+                                         visible_gpu_count)
 from fleetlite.launcher.supervisor import StopRequest, stop_processes, watch
 from fleetlite.launcher.worker_records import (CollectiveWait, ErrorRecord, Progress, ProgressWriter,
                                                read_error, read_progress, write_error)
@@ -41,6 +43,81 @@ def test_this_host_is_found_by_address_hostname_or_flag():
 def test_this_host_errors(ips, host, message):
     with pytest.raises(LaunchError, match=message):
         find_this_host(ips, host, {"10.0.0.1"}, "node")
+
+
+NOT_IPV4 = "is not a valid IPv4 address: write four numbers 0-255 without leading zeros, like 10.0.0.1"
+NOT_A_NAME = ("is not a valid hostname: use letters, digits and '-' between dots (at most 63 each, "
+              "not starting or ending with '-')")
+
+
+@pytest.mark.parametrize("hosts, message", [
+    (("10.0.0",), f"host 1 '10.0.0' {NOT_IPV4}"),
+    (("127.0.0.1", "10.1"), f"host 2 '10.1' {NOT_IPV4}"),
+    (("10.0.0.256",), f"host 1 '10.0.0.256' {NOT_IPV4}"),
+    (("010.0.0.1",), f"host 1 '010.0.0.1' {NOT_IPV4}"),
+    (("10.0.0.1.5",), f"host 1 '10.0.0.1.5' {NOT_IPV4}"),
+    (("12345",), f"host 1 '12345' {NOT_IPV4}"),
+    (("10.0.0.1:6170",), "host 1 '10.0.0.1:6170' has a port: --ips lists hosts only; rank 0's store "
+                         "port is --start_port"),
+    (("node1:",), "host 1 'node1:' has a port: --ips lists hosts only; rank 0's store port is --start_port"),
+    (("[::1]",), "host 1 '[::1]' is not a valid IPv6 address: write it without brackets or port, like fe80::1"),
+    (("fe80::1::2",), "host 1 'fe80::1::2' is not a valid IPv6 address: write it without brackets or port, "
+                      "like fe80::1"),
+    (("node 1",), "host 1 'node 1' contains a space: separate hosts with commas only"),
+    (("node\t1",), "host 1 'node\\t1' contains a space: separate hosts with commas only"),
+    (("node_1",), f"host 1 'node_1' {NOT_A_NAME}"),
+    (("node;rm",), f"host 1 'node;rm' {NOT_A_NAME}"),
+    (("-node",), f"host 1 '-node' {NOT_A_NAME}"),
+    (("node-",), f"host 1 'node-' {NOT_A_NAME}"),
+    (("a..b",), f"host 1 'a..b' {NOT_A_NAME}"),
+    (("x" * 64,), f"host 1 '{'x' * 64}' {NOT_A_NAME}"),
+    (("nodé",), f"host 1 'nodé' {NOT_A_NAME}"),
+    (("node.42",), "host 1 'node.42' is not a valid hostname: its last part is all digits"),
+])
+def test_malformed_hosts_are_refused_without_a_lookup(hosts, message):
+    looked_up = []
+    with pytest.raises(LaunchError) as refused:
+        check_hosts(hosts, lookup=looked_up.append)
+    assert str(refused.value) == f"--ips: {message}" and looked_up == []
+
+
+def test_only_names_are_looked_up_and_addresses_are_taken_as_written():
+    looked_up = []
+    check_hosts(("10.0.0.1", "fe80::1", "node-1", "Node-2.example.", "localhost"), lookup=looked_up.append)
+    assert sorted(looked_up) == ["Node-2.example.", "localhost", "node-1"]
+
+
+def test_names_that_do_not_resolve_are_refused_by_name():
+    with pytest.raises(LaunchError) as refused:
+        check_hosts(("127.0.0.1", "localhost", "no-such-host.invalid"))
+    assert re.fullmatch(r"--ips: host 'no-such-host\.invalid' does not resolve \(.+\): fix the name, or "
+                        r"list the host by its IP address", str(refused.value)), refused.value
+
+
+def test_a_lookup_that_hangs_is_refused_at_the_deadline():
+    began = time.monotonic()
+    with pytest.raises(LaunchError) as refused:
+        check_hosts(("slow-dns",), lookup=lambda name: time.sleep(5), timeout=0.2)
+    assert time.monotonic() - began < 2
+    assert str(refused.value) == ("--ips: host 'slow-dns' does not resolve (no answer within 0.2 s): fix "
+                                  "the name, or list the host by its IP address")
+
+
+def test_the_log_folder_is_made_unless_something_is_in_the_way(tmp_path):
+    prepare_log_dir(str(tmp_path / "a" / "b"))
+    assert (tmp_path / "a" / "b").is_dir()
+    (tmp_path / "file").write_text("keep")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    cases = [
+        (tmp_path / "file", f"{tmp_path / 'file'} is a file, not a folder"),
+        (tmp_path / "file" / "logs", f"{tmp_path / 'file'} is a file, not a folder"),
+        (tmp_path / "dangling", f"{tmp_path / 'dangling'} is a file, not a folder"),
+    ]
+    for log_dir, why in cases:
+        with pytest.raises(LaunchError) as refused:
+            prepare_log_dir(str(log_dir))
+        assert str(refused.value) == f"--log_dir {log_dir}: {why}: move it away, or pass another --log_dir"
+    assert (tmp_path / "file").read_text() == "keep" and not (tmp_path / "gone").exists()
 
 
 def test_gpu_ids_are_checked_against_the_visible_devices():

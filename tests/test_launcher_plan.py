@@ -157,6 +157,10 @@ def test_cpu_two_processes():
 
 @pytest.mark.parametrize("spec, message", [
     (LaunchSpec(script="t.py", ips=("a", "b", "a")), "lists a twice (positions 1 and 3)"),
+    (LaunchSpec(script="t.py", ips=("Node-a", "b", "node-A.")), "lists Node-a twice (positions 1 and 3) "
+                                                                 "(as Node-a and node-A.)"),
+    (LaunchSpec(script="t.py", ips=("fe80::1", "fe80:0::1")), "lists fe80::1 twice (positions 1 and 2) "
+                                                              "(as fe80::1 and fe80:0::1)"),
     (LaunchSpec(script="t.py", devices=(0, 1, 1)), "device 1 more than once"),
     (LaunchSpec(script="t.py", devices=(0, -2)), "got -2"),
     (LaunchSpec(script="t.py", devices=()), "no device"),

@@ -257,6 +257,71 @@ def test_pre_flight_errors_are_one_line_and_exit_2(tmp_path, args, message):
     assert not (tmp_path / "log").exists()
 
 
+def folder_contents(folder):
+    return sorted((str(path.relative_to(folder)), path.is_dir() or path.read_bytes())
+                  for path in folder.rglob("*"))
+
+
+NOT_IPV4 = "is not a valid IPv4 address: write four numbers 0-255 without leading zeros, like 10.0.0.1"
+NOT_A_NAME = ("is not a valid hostname: use letters, digits and '-' between dots (at most 63 each, "
+              "not starting or ending with '-')")
+UNWRITABLE_LOG = "pass a folder you can write to as --log_dir"
+
+
+@pytest.mark.parametrize("args, message", [
+    # --log_dir: a file in the way, or a place nobody may create a folder
+    (["--log_dir", "taken", TRAIN], "--log_dir taken: taken is a file, not a folder: move it away, or pass "
+                                    "another --log_dir"),
+    (["--log_dir", "taken/logs", TRAIN], "--log_dir taken/logs: taken is a file, not a folder: move it away, "
+                                         "or pass another --log_dir"),
+    (["--log_dir", "/sys/fleetlite-logs", TRAIN],
+     f"--log_dir /sys/fleetlite-logs: cannot create /sys/fleetlite-logs (Operation not permitted): {UNWRITABLE_LOG}"),
+    pytest.param(["--log_dir", "read-only/logs", TRAIN],
+                 f"--log_dir read-only/logs: cannot create read-only/logs (Permission denied): {UNWRITABLE_LOG}",
+                 marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes past permission bits")),
+    pytest.param(["--log_dir", "read-only", TRAIN],
+                 f"--log_dir read-only: the folder is not writable (permission denied): {UNWRITABLE_LOG}",
+                 marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes past permission bits")),
+    # the script
+    (["folder"], "script folder is a directory, not a file: pass the training script (the .py file) to run"),
+    (["folder/"], "script folder/ is a directory, not a file: pass the training script (the .py file) to run"),
+    # --ips: every host an address or a name that resolves
+    (["--ips", "10.0.0", TRAIN], f"--ips: host 1 '10.0.0' {NOT_IPV4}"),
+    (["--ips", "127.0.0.1,10.0.0.300", "--host", "127.0.0.1", TRAIN], f"--ips: host 2 '10.0.0.300' {NOT_IPV4}"),
+    (["--ips", "127.0.0.1:6170", TRAIN], "--ips: host 1 '127.0.0.1:6170' has a port: --ips lists hosts "
+                                         "only; rank 0's store port is --start_port"),
+    (["--ips", "node 1", TRAIN], "--ips: host 1 'node 1' contains a space: separate hosts with commas only"),
+    (["--ips", "127.0.0.1,node_2", TRAIN], f"--ips: host 2 'node_2' {NOT_A_NAME}"),
+    (["--ips", "127.0.0.1,,127.0.0.2", TRAIN], "--ips='127.0.0.1,,127.0.0.2': item 2 of the "
+                                               "comma-separated list is empty: remove the extra comma"),
+    (["--ips", "127.0.0.1,", TRAIN], "--ips='127.0.0.1,': item 2 of the comma-separated list is empty: "
+                                     "remove the extra comma"),
+    (["--ips", ",127.0.0.1", TRAIN], "--ips=',127.0.0.1': item 1 of the comma-separated list is empty: "
+                                     "remove the extra comma"),
+    (["--ips", "127.0.0.1,localhost,LOCALHOST.", "--host", "127.0.0.1", TRAIN],
+     "--ips lists localhost twice (positions 2 and 3) (as localhost and LOCALHOST.): list each host "
+     "once; --nproc_per_node or --gpus sets its workers"),
+])
+def test_bad_input_is_refused_before_anything_starts_with_the_cause_and_the_fix(tmp_path, args, message):
+    (tmp_path / "taken").write_text("a file, not a folder")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "read-only").mkdir(mode=0o555)
+    before = folder_contents(tmp_path)
+    result = fleetrun(args, tmp_path, timeout=30)
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert result.stderr == f"fleetrun: error: {message}\n"
+    assert folder_contents(tmp_path) == before     # no log folder, no worker log: nothing started
+
+
+def test_a_host_name_that_does_not_resolve_is_refused_by_name(tmp_path):
+    result = fleetrun(["--ips", "127.0.0.1,no-such-host.invalid", "--host", "127.0.0.1", TRAIN], tmp_path,
+                      timeout=30)
+    assert result.returncode == 2 and result.stdout == ""
+    assert re.fullmatch(r"fleetrun: error: --ips: host 'no-such-host\.invalid' does not resolve \(.+\): "
+                        r"fix the name, or list the host by its IP address\n", result.stderr), result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_explain_runs_the_script_once_as_rank_0_of_the_planned_job(tmp_path):
     result = fleetrun(["--explain", "--nproc_per_node", "2", os.path.join(SCRIPTS, "print_topology.py")],
                       tmp_path, timeout=30)
