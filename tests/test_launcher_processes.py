@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from multiprocess import clean_environment
+from multiprocess import clean_environment, without_root_override
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "launcher_scripts")
 TRAIN = os.path.join(SCRIPTS, "train_linear.py")
@@ -22,8 +22,8 @@ FLEETRUN = [sys.executable, "-m", "fleetlite.launcher"]
 STEPS = 6
 
 
-def fleetrun(args, cwd, timeout=90):
-    return subprocess.run(FLEETRUN + args, cwd=cwd, env=clean_environment(), capture_output=True,
+def fleetrun(args, cwd, timeout=90, prefix=()):
+    return subprocess.run([*prefix, *FLEETRUN, *args], cwd=cwd, env=clean_environment(), capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -276,12 +276,6 @@ UNWRITABLE_LOG = "pass a folder you can write to as --log_dir"
                                          "or pass another --log_dir"),
     (["--log_dir", "/sys/fleetlite-logs", TRAIN],
      f"--log_dir /sys/fleetlite-logs: cannot create /sys/fleetlite-logs (Operation not permitted): {UNWRITABLE_LOG}"),
-    pytest.param(["--log_dir", "read-only/logs", TRAIN],
-                 f"--log_dir read-only/logs: cannot create read-only/logs (Permission denied): {UNWRITABLE_LOG}",
-                 marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes past permission bits")),
-    pytest.param(["--log_dir", "read-only", TRAIN],
-                 f"--log_dir read-only: the folder is not writable (permission denied): {UNWRITABLE_LOG}",
-                 marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes past permission bits")),
     # the script
     (["folder"], "script folder is a directory, not a file: pass the training script (the .py file) to run"),
     (["folder/"], "script folder/ is a directory, not a file: pass the training script (the .py file) to run"),
@@ -305,12 +299,22 @@ UNWRITABLE_LOG = "pass a folder you can write to as --log_dir"
 def test_bad_input_is_refused_before_anything_starts_with_the_cause_and_the_fix(tmp_path, args, message):
     (tmp_path / "taken").write_text("a file, not a folder")
     (tmp_path / "folder").mkdir()
-    (tmp_path / "read-only").mkdir(mode=0o555)
     before = folder_contents(tmp_path)
     result = fleetrun(args, tmp_path, timeout=30)
     assert result.returncode == 2 and result.stdout == "", result.stderr
     assert result.stderr == f"fleetrun: error: {message}\n"
     assert folder_contents(tmp_path) == before     # no log folder, no worker log: nothing started
+
+
+@pytest.mark.parametrize("log_dir, message", [
+    ("read-only/logs", f"--log_dir read-only/logs: cannot create read-only/logs (Permission denied): {UNWRITABLE_LOG}"),
+    ("read-only", f"--log_dir read-only: the folder is not writable (permission denied): {UNWRITABLE_LOG}"),
+])
+def test_a_log_dir_the_user_may_not_write_is_refused_before_anything_starts(tmp_path, log_dir, message):
+    (tmp_path / "read-only").mkdir(mode=0o555)
+    result = fleetrun(["--log_dir", log_dir, TRAIN], tmp_path, timeout=30, prefix=without_root_override())
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", f"fleetrun: error: {message}\n")
+    assert [path.name for path in tmp_path.rglob("*")] == ["read-only"]
 
 
 def test_a_host_name_that_does_not_resolve_is_refused_by_name(tmp_path):

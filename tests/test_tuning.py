@@ -12,7 +12,7 @@ from fleetlite.launcher.spec import parse_launch_spec
 from fleetlite.strategy import DistributedStrategy
 from fleetlite.tuning import search, space, strategy_writer
 from fleetlite.tuning.search import TrialResult, decide, next_trial, stop_early
-from multiprocess import clean_environment
+from multiprocess import clean_environment, without_root_override
 
 FUSE = space.Knob("fuse_grad_size_in_MB", (4, 16, 32))
 RINGS = space.Knob("nccl_comm_num", (1, 2))
@@ -219,7 +219,6 @@ def folder_contents(folder):
 
 OUT_OF_RANGE = "is out of range: the search needs a finite, positive number of seconds (e.g. --budget 120)"
 NOT_WRITABLE = "make it writable, or tune a writable copy"
-AS_USER = pytest.mark.skipif(os.geteuid() == 0, reason="root writes past permission bits")
 FLEETRUN_TUNE = ["-m", "fleetlite.launcher", "--tune"]
 FLEETLITE_TUNE = ["-m", "fleetlite.cli", "tune"]
 
@@ -241,10 +240,10 @@ FLEETLITE_TUNE = ["-m", "fleetlite.cli", "tune"]
      f"blocked/.s.yaml.tuned.yaml): {NOT_WRITABLE}"),
     pytest.param(FLEETLITE_TUNE, ["--strategy_file", "read-only-file/s.yaml"],
                  f"--strategy_file read-only-file/s.yaml: the file is read-only, so the tuner could not write "
-                 f"the winner into it: {NOT_WRITABLE}", marks=AS_USER),
+                 f"the winner into it: {NOT_WRITABLE}"),
     pytest.param(FLEETRUN_TUNE, ["--strategy_file", "read-only-folder/s.yaml"],
                  f"--strategy_file read-only-folder/s.yaml: the tuner could not write the winner next to it "
-                 f"(Permission denied: read-only-folder/.s.yaml.tuned.yaml): {NOT_WRITABLE}", marks=AS_USER),
+                 f"(Permission denied: read-only-folder/.s.yaml.tuned.yaml): {NOT_WRITABLE}"),
     # the launch's own pre-start checks, made before the first trial
     (FLEETLITE_TUNE, ["--log_dir", "train.py"], "--log_dir train.py: train.py is a file, not a folder: move it "
                                                 "away, or pass another --log_dir"),
@@ -260,7 +259,7 @@ def test_tune_refuses_bad_input_before_the_search(tmp_path, entry, argv, message
     (tmp_path / "read-only-folder").chmod(0o555)
     (tmp_path / "train.py").write_text("raise SystemExit(0)\n")
     before = folder_contents(tmp_path)
-    result = subprocess.run([sys.executable, *entry, "--strategy_file", "writable/s.yaml", "--budget", "20",
+    result = subprocess.run([*without_root_override(), sys.executable, *entry, "--strategy_file", "writable/s.yaml", "--budget", "20",
                              *argv, "train.py"], cwd=tmp_path, env=clean_environment(), capture_output=True,
                             text=True, timeout=60)
     assert (result.returncode, result.stdout, result.stderr) == (2, "", f"fleetrun: error: {message}\n")
