@@ -16,17 +16,16 @@ import numpy as np
 
 from fleetlite.data import job
 from fleetlite.data.disk_cache import DiskCache
+from fleetlite.data.settings import LEVELS, unknown_or_repeated_levels
 from fleetlite.data.shared_store import SharedSampleStore, default_folder
 from fleetlite.errors import DataError
-
-LEVELS = ("disk", "memory")
 
 
 def check_levels(levels):
     levels = list(levels)
-    unknown = [level for level in levels if level not in LEVELS]
-    if unknown or len(set(levels)) != len(levels):
-        raise DataError(f"cache_levels {levels}: list each of {', '.join(map(repr, LEVELS))} at most once")
+    problem = unknown_or_repeated_levels(levels)
+    if problem:
+        raise DataError(f"cache_levels {levels} {problem}: list each of {', '.join(map(repr, LEVELS))} at most once")
     return levels
 
 
