@@ -2,16 +2,15 @@
 `fleetlite strategy validate` as from the loaders (one rule table: fleetlite/data/settings.py)."""
 import os
 
-import numpy as np
 import pytest
 import yaml
-from PIL import Image
 
 import fleetlite as fleet
 from fleetlite import cli
 from fleetlite.data import disk_cache, image_loader, loader
 from fleetlite.errors import DataError, StrategyConflictError
 from fleetlite.topology import Topology
+from test_data_cache import photos  # noqa: F401 (the fixture: 30 small JPEGs in 3 class folders)
 
 # (data_configs, the field named, words of the one line every surface prints)
 REFUSED_SETTINGS = [
@@ -30,17 +29,6 @@ REFUSED_SETTINGS = [
      "set sampler: distributed, or loader: paddle"),
 ]
 IDS = [f"{field}-{i}" for i, (_, field, _) in enumerate(REFUSED_SETTINGS)]
-
-
-@pytest.fixture(scope="module")
-def photos(tmp_path_factory):
-    """12 small JPEGs in 2 class folders."""
-    folder = tmp_path_factory.mktemp("photos")
-    rng = np.random.default_rng(0)
-    for i in range(12):
-        (folder / f"class{i % 2}").mkdir(exist_ok=True)
-        Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(folder / f"class{i % 2}" / f"{i}.jpg")
-    return folder
 
 
 def strategy_with(data_configs):
