@@ -7,7 +7,7 @@ import yaml
 
 import fleetlite as fleet
 from fleetlite import cli
-from fleetlite.data import disk_cache, image_loader, loader
+from fleetlite.data import cached_samples, disk_cache, image_loader, loader
 from fleetlite.errors import DataError, StrategyConflictError
 from fleetlite.topology import Topology
 from test_data_cache import photos  # noqa: F401 (the fixture: 30 small JPEGs in 3 class folders)
@@ -117,6 +117,15 @@ def _no_permission(tmp_path, monkeypatch):
         monkeypatch.setattr(disk_cache, "open", refuse, raising=False)
         monkeypatch.setattr(disk_cache.os, "makedirs", refuse)
     return folder, "Permission denied"
+
+
+def test_the_memory_store_in_cache_dir_names_it_too(tmp_path, monkeypatch, photos):
+    """Without /dev/shm the memory level's store lives in cache_dir."""
+    monkeypatch.setattr(cached_samples, "default_folder", lambda: None)
+    folder, cause = _under_a_file(tmp_path, monkeypatch)
+    strategy = strategy_with({"cache_levels": ["memory"], "cache_dir": str(folder)})
+    with pytest.raises(DataError, match=f"^data_configs.cache_dir {folder} cannot be used: {cause}"):
+        image_loader(photos, strategy, 4)
 
 
 @pytest.mark.parametrize("make", [_file_in_its_place, _under_a_file, _no_permission], ids=lambda f: f.__name__[1:])

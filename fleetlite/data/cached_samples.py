@@ -7,6 +7,7 @@ preprocessing (`augment`) runs after the cache with a generator per (seed, epoch
 cache never changes what is fed. Hits and misses of every level are counted per epoch.
 """
 import atexit
+import contextlib
 import functools
 import hashlib
 import os
@@ -15,7 +16,7 @@ from collections import Counter
 import numpy as np
 
 from fleetlite.data import job
-from fleetlite.data.disk_cache import DiskCache
+from fleetlite.data.disk_cache import DiskCache, cache_dir_errors, make_cache_dir
 from fleetlite.data.settings import LEVELS, unknown_or_repeated_levels
 from fleetlite.data.shared_store import SharedSampleStore, default_folder
 from fleetlite.errors import DataError
@@ -64,9 +65,11 @@ class CachedSamples:
         self.disk = DiskCache(cache_dir, source) if "disk" in self.levels else None
         self.memory = None
         if "memory" in self.levels:
-            folder = store_folder or default_folder() or cache_dir
-            self.memory = SharedSampleStore(os.path.join(folder, self.store_name(cache_dir, memory_bytes)),
-                                            len(self.names), memory_bytes)
+            folder = store_folder or default_folder()
+            with contextlib.nullcontext() if folder else cache_dir_errors(os.path.abspath(cache_dir)):
+                folder = folder or make_cache_dir(cache_dir)     # no /dev/shm: the store lives in cache_dir
+                self.memory = SharedSampleStore(os.path.join(folder, self.store_name(cache_dir, memory_bytes)),
+                                                len(self.names), memory_bytes)
             atexit.register(self.memory.unlink)
 
     def store_name(self, cache_dir, memory_bytes):
