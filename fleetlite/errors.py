@@ -102,3 +102,8 @@ class LaunchError(FleetliteError):
 
 class DataError(FleetliteError, ValueError):
     """A dataset, sampler or record file that cannot give every rank its batches as asked."""
+
+
+class DataSettingsError(StrategyConflictError, DataError):
+    """A `data_configs` setting no loader can honour: raised alike by `validate` (a strategy
+    error, at the field's line) and by the loaders (a data error)."""
