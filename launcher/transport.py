@@ -13,10 +13,13 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 
 from fleetlite import env_contract
 from fleetlite.launcher import worker_records
 from fleetlite.launcher.log_tee import LogTee
+
+GROUP_EXIT_WAIT_S = 2.0  # a SIGKILLed process is gone within moments, later on a loaded machine
 
 
 class Process:
@@ -50,8 +53,12 @@ class Process:
         self._signal_group(signal.SIGKILL)
 
     def close(self):
-        """After the process ended: kill what it left in its group, finish the console copy."""
+        """After the process ended: kill what it left in its group and wait (bounded) until it
+        is gone, so nothing outlives fleetrun; finish the console copy."""
         self.kill()
+        deadline = time.monotonic() + GROUP_EXIT_WAIT_S
+        while _live_members(self._popen.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         if self._tee:
             self._tee.stop()
 
@@ -64,6 +71,21 @@ class RemoteFleetrun(Process):
         SIGTERM would kill the ssh client and lose that report)."""
         if self._popen.stdin and not self._popen.stdin.closed:
             self._popen.stdin.close()
+
+
+def _live_members(group):
+    """Pids of the processes of this process group that have not exited (a zombie has)."""
+    live = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    state, _parent, process_group = stat.read().rsplit(")", 1)[1].split()[:3]
+            except OSError:     # it exited while we looked
+                continue
+            if state != "Z" and int(process_group) == group:
+                live.append(int(entry))
+    return live
 
 
 def worker_command(spec, python=sys.executable):

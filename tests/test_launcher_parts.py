@@ -406,3 +406,25 @@ def test_bootstrap_records_the_scripts_traceback_without_its_own_frames(tmp_path
     record = json.loads(error_file.read_text())
     assert (record["exception"], record["message"], record["traceback"]) == \
         ("KeyError", "'argument x'", result.stderr)
+
+
+def test_closing_a_worker_returns_only_once_its_whole_process_group_is_gone(monkeypatch):
+    from fleetlite.launcher import transport
+    group = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60"], start_new_session=True)
+    try:
+        wait_until = time.monotonic() + 5
+        while len(transport._live_members(group.pid)) < 2 and time.monotonic() < wait_until:
+            time.sleep(0.01)
+        assert len(transport._live_members(group.pid)) >= 2      # the shell and its sleeps
+        looks = []
+        real_live_members = transport._live_members
+
+        def slow_to_die(pgid):   # as on a loaded machine: the killed group lingers for a few looks
+            looks.append(pgid)
+            return [group.pid] if len(looks) < 4 else real_live_members(pgid)
+        monkeypatch.setattr(transport, "_live_members", slow_to_die)
+        transport.Process("rank 0", "127.0.0.1", group).close()
+        assert len(looks) >= 4 and real_live_members(group.pid) == []
+    finally:
+        group.kill()
+        group.wait(timeout=5)
