@@ -250,15 +250,17 @@ class Cluster:
         """The --ssh_command that reaches every host of the cluster by name or address."""
         return f"ssh -F {self.folder / 'ssh_config'}"
 
-    def command(self, name, argv):
-        """`argv` run in host `name`: its network, hostname and /etc files (those of its sshd)."""
-        return ["nsenter", "-t", str(self.hosts[name].sshd.pid), "-n", "-u", "-m", "--", *argv]
+    def command(self, name, argv, cwd=None):
+        """`argv` run in host `name`: its network, hostname and /etc files (those of its sshd),
+        in folder `cwd` (entering a mount namespace would otherwise start it in sshd's)."""
+        folder = [f"--wd={os.path.abspath(cwd)}"] if cwd else []
+        return ["nsenter", "-t", str(self.hosts[name].sshd.pid), "-n", "-u", "-m", *folder, "--", *argv]
 
-    def run(self, name, argv, timeout, **options):
-        return subprocess.run(self.command(name, argv), timeout=timeout, **options)
+    def run(self, name, argv, timeout, cwd=None, **options):
+        return subprocess.run(self.command(name, argv, cwd), timeout=timeout, **options)
 
-    def popen(self, name, argv, **options):
-        return subprocess.Popen(self.command(name, argv), **options)
+    def popen(self, name, argv, cwd=None, **options):
+        return subprocess.Popen(self.command(name, argv, cwd), **options)
 
     def processes(self, name):
         """Pids of the processes in host `name` other than its sshd."""

@@ -1,0 +1,212 @@
+"""fleetrun across real network stacks: hosts are network namespaces with their own address,
+name and sshd (benchmarks/namespace_cluster.py), and `fleetrun --ssh` runs in node-a as a user
+would run it on the first host. Faults are real: a host's every process killed, a link cut, an
+ssh that cannot start, a hostname that resolves to 127.0.1.1. Every wait is bounded.
+"""
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from multiprocess import clean_environment
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+import namespace_cluster  # noqa: E402  (the benchmarks' folder is not a package)
+
+TRAIN = str(Path(__file__).resolve().parent / "launcher_scripts" / "train_linear.py")
+FLEETRUN = [sys.executable, "-m", "fleetlite.launcher"]
+STEPS = 6
+JOB_TIMEOUT_S = 90
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    reason = namespace_cluster.unavailable()
+    if reason:
+        pytest.skip(f"no test cluster here: {reason}")
+    with namespace_cluster.Cluster(3) as made:
+        yield made
+
+
+@pytest.fixture
+def hosts_files(cluster):
+    """Lets a test give hosts Debian's 127.0.1.1 line; every hosts file is clean again after."""
+    yield cluster
+    for name in cluster.hosts:
+        cluster.write_hosts_file(name)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """Final weights of the same training as one process: the oracle every multi-host run matches."""
+    cwd = tmp_path_factory.mktemp("one-process")
+    result = subprocess.run([*FLEETRUN, "--job_id", "one", TRAIN, "--steps", str(STEPS), "--out", "w.npy"],
+                            cwd=cwd, env=clean_environment(), capture_output=True, text=True,
+                            timeout=JOB_TIMEOUT_S)
+    assert result.returncode == 0, result.stderr
+    return np.load(cwd / "w.npy")
+
+
+def host_named(cluster, name_or_address):
+    return next(host.name for host in cluster.hosts.values() if name_or_address in (host.name, host.address))
+
+
+def fleetrun_args(cluster, ips, *args, ssh_command=None):
+    return [*FLEETRUN, "--ssh", "--ssh_command", ssh_command or cluster.ssh_command, "--ips", ",".join(ips),
+            *args]
+
+
+def run_from_first_host(cluster, cwd, ips, *args, ssh_command=None, timeout=JOB_TIMEOUT_S):
+    """fleetrun --ssh run in ips[0] to its end: (the finished process, seconds it took)."""
+    started = time.monotonic()
+    result = cluster.run(host_named(cluster, ips[0]), fleetrun_args(cluster, ips, *args, ssh_command=ssh_command), timeout,
+                         cwd=cwd, env=clean_environment(), capture_output=True, text=True)
+    return result, time.monotonic() - started
+
+
+def start_from_first_host(cluster, cwd, ips, *args):
+    """fleetrun --ssh in ips[0] in the background, its output in cwd/fleetrun.out."""
+    with open(cwd / "fleetrun.out", "w") as out:
+        return cluster.popen(host_named(cluster, ips[0]), fleetrun_args(cluster, ips, *args), cwd=cwd, env=clean_environment(),
+                             stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_for_log_line(path, text, timeout):
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and text in path.read_text(errors="replace")):
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {text!r} in {path}"
+        time.sleep(0.05)
+
+
+def fleetlite_processes(cluster, name):
+    """The fleetruns and workers still running in host `name` (sshd's own processes aside)."""
+    left = []
+    for pid in cluster.processes(name):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except FileNotFoundError:
+            continue
+        if "fleetlite" in command:
+            left.append(f"{pid}: {command}")
+    return left
+
+
+def wait_until_no_fleetlite_processes(cluster, name, timeout):
+    deadline = time.monotonic() + timeout
+    while fleetlite_processes(cluster, name):
+        assert time.monotonic() < deadline, f"left on {name}: {fleetlite_processes(cluster, name)}"
+        time.sleep(0.1)
+
+
+def test_four_ranks_on_two_hosts_over_ssh_train_like_one_process(cluster, tmp_path, one_process):
+    result, _ = run_from_first_host(cluster, tmp_path, ["node-a", "node-b"], "--nproc_per_node", "2",
+                                    "--job_id", "two-by-two", TRAIN, "--steps", str(STEPS), "--out", "w.npy")
+    assert result.returncode == 0, result.stderr
+    assert "ranks 2-3 on node-b: started its fleetrun over ssh" in result.stderr
+    assert "  3     node-b  cpu     node-b:" in result.stderr   # node-b's own start table, relayed
+    assert "gloo binds GLOO_SOCKET_IFNAME=eth0, the interface of node-b" in result.stderr
+    assert "heartbeat" not in result.stderr + result.stdout
+    np.testing.assert_allclose(np.load(tmp_path / "w.npy"), one_process, rtol=1e-5)
+
+
+def test_three_hosts_named_127_0_1_1_by_themselves_train_like_one_process_listed_by_address(
+        hosts_files, tmp_path, one_process):
+    """Debian's /etc/hosts maps a host's own name to 127.0.1.1, where gloo would bind by default
+    and the others could not connect; each worker binds its --ips address's interface instead."""
+    cluster = hosts_files
+    for name in cluster.hosts:
+        cluster.write_hosts_file(name, own_name_on_loopback=True)
+    addresses = [host.address for host in cluster.hosts.values()]
+    result, _ = run_from_first_host(cluster, tmp_path, addresses, "--job_id", "three-hosts",
+                                    TRAIN, "--steps", str(STEPS), "--out", "w.npy")
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "w.npy"), one_process, rtol=1e-5)
+
+
+def test_a_host_name_resolving_to_loopback_there_is_refused_before_its_workers_start(hosts_files, tmp_path):
+    cluster = hosts_files
+    cluster.write_hosts_file("node-b", own_name_on_loopback=True)
+    result, seconds = run_from_first_host(cluster, tmp_path, ["node-a", "node-b"], "--job_id", "loopback-name",
+                                          TRAIN, "--steps", str(STEPS))
+    assert result.returncode == 2, result.stderr
+    assert ("fleetrun: error: --ips: this host, node-b, resolves to 127.0.1.1 here, a loopback address "
+            "(Debian's /etc/hosts maps a machine's own name to 127.0.1.1): the other hosts cannot reach its "
+            "workers there; list this host in --ips by an address they reach, or map node-b to that "
+            "address in this host's /etc/hosts") in result.stderr
+    assert "fleetrun: the job failed on node-b: its fleetrun exited with code 2 (its report is above)" \
+        in result.stderr
+    assert seconds < 20
+
+
+@pytest.mark.parametrize("ssh_option, said", [
+    ("UserKnownHostsFile=/dev/null", "Host key verification failed."),
+    ("HostName=no-such-host.invalid", "Could not resolve hostname no-such-host.invalid"),
+])
+def test_an_ssh_that_fails_at_once_fails_the_job_at_once_naming_the_host(cluster, tmp_path, ssh_option, said):
+    result, seconds = run_from_first_host(
+        cluster, tmp_path, ["node-a", "node-b"], "--job_id", "no-ssh", TRAIN, "--steps", str(STEPS),
+        ssh_command=f"{cluster.ssh_command} -o {ssh_option}", timeout=60)
+    assert result.returncode == 255, result.stderr
+    assert re.search(r"fleetrun: root cause: could not start fleetrun on node-b over ssh \(ssh exited with "
+                     rf"code 255: [^)]*{re.escape(said)}[^)]*\): rank 1 never started", result.stderr), result.stderr
+    assert seconds < 15   # not the 120 s store wait
+    wait_until_no_fleetlite_processes(cluster, "node-a", 10)
+
+
+def test_a_host_killed_outright_is_named_with_its_ranks_within_seconds(cluster, tmp_path):
+    fleetrun = start_from_first_host(cluster, tmp_path, ["node-a", "node-b"], "--nproc_per_node", "2",
+                                     "--job_id", "host-kill", TRAIN, "--steps", "200", "--step_seconds", "0.1")
+    try:
+        wait_for_log_line(tmp_path / "log" / "workerlog.3@node-b", "rank 3 step 2 ", 60)
+        killed = time.monotonic()
+        cluster.kill_host("node-b")
+        code = fleetrun.wait(timeout=30)
+        seconds = time.monotonic() - killed
+    finally:
+        fleetrun.kill()
+        cluster.start_sshd("node-b")
+    output = (tmp_path / "fleetrun.out").read_text()
+    assert code == 255, output
+    assert ("fleetrun: root cause: the connection to node-b was lost (ssh exited with code 255 before its "
+            "fleetrun reported: the host went down, or the connection did): ranks 2-3 were there") in output
+    assert "its report is above" not in output
+    assert seconds < 10, output
+    wait_until_no_fleetlite_processes(cluster, "node-a", 10)
+
+
+def test_a_cut_link_is_named_within_30_s_and_both_hosts_stop_their_workers(cluster, tmp_path):
+    fleetrun = start_from_first_host(cluster, tmp_path, ["node-a", "node-b"], "--nproc_per_node", "2",
+                                     "--job_id", "cut-link", TRAIN, "--steps", "400", "--step_seconds", "0.1")
+    try:
+        wait_for_log_line(tmp_path / "log" / "workerlog.3@node-b", "rank 3 step 2 ", 60)
+        cut = time.monotonic()
+        cluster.cut_link("node-b")
+        code = fleetrun.wait(timeout=45)
+        seconds = time.monotonic() - cut
+        wait_until_no_fleetlite_processes(cluster, "node-b", 15)   # node-b stopped its own workers
+    finally:
+        fleetrun.kill()
+        cluster.cut_link("node-b", up=True)
+    output = (tmp_path / "fleetrun.out").read_text()
+    assert code == 137, output
+    assert ("fleetrun: root cause: the connection to node-b was lost (no word from its fleetrun for 10 s): "
+            "ranks 2-3 were there") in output
+    assert seconds < 30, output
+    wait_until_no_fleetlite_processes(cluster, "node-a", 10)
+
+
+def test_a_restart_across_hosts_resumes_from_the_checkpoint_like_an_uninterrupted_run(cluster, tmp_path,
+                                                                                       one_process):
+    result, _ = run_from_first_host(cluster, tmp_path, ["node-a", "node-b"], "--nproc_per_node", "2",
+                                    "--max_restarts", "1", "--job_id", "restart", TRAIN, "--steps", str(STEPS),
+                                    "--fail", "2:3:kill", "--checkpoint", "ckpt.npz", "--out", "w.npy")
+    assert result.returncode == 0, result.stderr
+    assert "root cause: rank 2 on node-b" in result.stderr and "was killed by SIGKILL" in result.stderr
+    assert result.stderr.count("restarting this host's workers (restart 1 of 1)") == 2   # each host its own
+    np.testing.assert_allclose(np.load(tmp_path / "w.npy"), one_process, rtol=1e-5)
