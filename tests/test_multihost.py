@@ -3,6 +3,7 @@ name and sshd (benchmarks/namespace_cluster.py), and `fleetrun --ssh` runs in no
 would run it on the first host. Faults are real: a host's every process killed, a link cut, an
 ssh that cannot start, a hostname that resolves to 127.0.1.1. Every wait is bounded.
 """
+import io
 import os
 import re
 import subprocess
@@ -13,6 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fleetlite.errors import LaunchError
+from fleetlite.launcher.host_link import HEARTBEAT, RemoteLink, follow_first_host
+from fleetlite.launcher.preflight import gloo_interface
+from fleetlite.launcher.supervisor import StopRequest
 from multiprocess import clean_environment
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -210,3 +215,85 @@ def test_a_restart_across_hosts_resumes_from_the_checkpoint_like_an_uninterrupte
     assert "root cause: rank 2 on node-b" in result.stderr and "was killed by SIGKILL" in result.stderr
     assert result.stderr.count("restarting this host's workers (restart 1 of 1)") == 2   # each host its own
     np.testing.assert_allclose(np.load(tmp_path / "w.npy"), one_process, rtol=1e-5)
+
+
+# -- the parts, without a cluster ---------------------------------------------------------------
+
+INTERFACES = {"127.0.0.1": "lo", "10.213.0.2": "eth0"}
+RESOLVES = {"node-a": "10.213.0.1", "node-b": "10.213.0.2", "debian-b": "127.0.1.1", "vm": "127.0.1.1"}
+
+
+def bind_interface(ips, this_host, environ=None, hostname="vm"):
+    return gloo_interface(ips, this_host, environ or {}, INTERFACES, hostname, RESOLVES.get)
+
+
+def test_workers_bind_the_interface_of_their_hosts_ips_entry_whatever_the_hostname_resolves_to():
+    assert bind_interface(["10.213.0.1", "10.213.0.2"], "10.213.0.2") == "eth0"
+    assert bind_interface(["node-a", "node-b"], "node-b") == "eth0"
+
+
+def test_one_machine_jobs_and_an_exported_interface_are_left_as_they_are():
+    assert bind_interface(["127.0.0.1", "127.0.0.2"], "127.0.0.2") is None
+    assert bind_interface(["node-a", "node-b"], "node-b", {"GLOO_SOCKET_IFNAME": "ens5"}) is None
+
+
+@pytest.mark.parametrize("ips, this_host, cause, fix", [
+    (["node-a", "debian-b"], "debian-b", "--ips: this host, debian-b, resolves to 127.0.1.1 here, a loopback address",
+     "list this host in --ips by an address they reach, or map debian-b to that address in this host's /etc/hosts"),
+    (["10.213.0.1", "127.0.0.1"], "127.0.0.1", "--ips: this host is listed as 127.0.0.1, a loopback address",
+     "list it by an address they reach"),
+    (["node-a", "203.0.113.7"], "203.0.113.7", "this host's name 'vm' resolves to 127.0.1.1, a loopback address, "
+                                               "and 203.0.113.7 is not an address of its interfaces",
+     "map vm to the address the other hosts reach in /etc/hosts, or set GLOO_SOCKET_IFNAME to that interface"),
+])
+def test_a_host_whose_workers_would_bind_loopback_in_a_multi_host_job_is_refused_with_the_fix(ips, this_host,
+                                                                                              cause, fix):
+    with pytest.raises(LaunchError) as refused:
+        bind_interface(ips, this_host)
+    assert str(refused.value).startswith(cause) and fix in str(refused.value)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_the_first_hosts_link_relays_output_without_heartbeats_and_says_when_a_host_went_silent():
+    to_remote_read, to_remote_write = os.pipe()
+    from_remote_read, from_remote_write = os.pipe()
+    console, clock = io.BytesIO(), Clock()
+    with os.fdopen(to_remote_write, "wb") as stdin, os.fdopen(from_remote_read, "rb") as output:
+        link = RemoteLink(stdin, output, console, silence=10, first_word=30, clock=clock)
+        assert link.silence() is None and not link.ever_heard
+        clock.now = 31
+        assert link.silence() == "no word from its fleetrun within 30 s of starting ssh"
+        os.write(from_remote_write, HEARTBEAT + b"fleetrun: job failed, exit code 1\n" + HEARTBEAT)
+        os.close(from_remote_write)
+        link.finish()
+        assert console.getvalue() == b"fleetrun: job failed, exit code 1\n"
+        assert link.reported and link.ever_heard and link.silence() is None
+        clock.now = 42
+        assert link.silence() == "no word from its fleetrun for 10 s"
+        link.beat()
+        assert os.read(to_remote_read, 16) == b"\n"
+        link.close_input()
+    os.close(to_remote_read)
+
+
+def test_a_remote_fleetrun_stops_when_the_first_host_closes_its_stdin_or_goes_silent():
+    for close, reason in ((True, "the first host (its connection closed)"),
+                          (False, "the first host (no word from it for 0.3 s: the connection to it is lost)")):
+        stdin_read, stdin_write = os.pipe()
+        beats_read, beats_write = os.pipe()
+        stop = StopRequest()
+        follow_first_host(stop, stdin_read, beats_write, silence=0.3, interval=0.1)
+        if close:
+            os.close(stdin_write)
+        assert stop.wait(5) and stop.reason == reason
+        assert os.read(beats_read, len(HEARTBEAT)) == HEARTBEAT
+        os.close(beats_read)   # the heartbeat thread ends at its next write
+        if not close:
+            os.close(stdin_write)
