@@ -10,8 +10,8 @@ files (the resolver points at the namespace's own loopback, where nothing answer
 
 `fleetrun --ssh --ssh_command "<cluster.ssh_command>" --ips node-a,node-b` run in node-a then
 crosses real network stacks and a real sshd, and faults are real: `kill_host` kills every
-process of a host, `cut_link` takes its link down. Per-host link counters (`link_bytes`) count
-exactly the traffic between hosts.
+process of a host, `cut_link` takes its link down. The link counters (`sent_bytes`) count
+exactly the traffic between hosts, the loopback counters (`loopback_bytes`) that within each.
 
 Everything is removed when the `with` block ends, a SIGTERM included; a run killed outright is
 swept by the next one (its namespaces, their processes, veths and bridge, /etc/netns folders
@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -267,6 +268,28 @@ class Cluster:
         pids = {int(pid) for pid in _run(["ip", "netns", "pids", self.hosts[name].namespace]).split()}
         return sorted(pids - {self.hosts[name].sshd.pid})
 
+    def fleetlite_processes(self, name):
+        """'pid: command line' of each fleetrun and worker still running in host `name`."""
+        left = []
+        for pid in self.processes(name):
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except FileNotFoundError:
+                continue
+            if "fleetlite" in command:
+                left.append(f"{pid}: {command}")
+        return left
+
+    def host_named(self, name_or_address):
+        return next(host.name for host in self.hosts.values() if name_or_address in (host.name, host.address))
+
+    def fleetrun(self, ips, args, cwd, ssh_command=None, **options):
+        """`fleetrun --ssh --ips <ips> <args>` started in the first host of `ips`, as a user would
+        start it there (this Python's fleetlite, in folder `cwd`); the Popen."""
+        argv = [sys.executable, "-m", "fleetlite.launcher", "--ssh", "--ssh_command",
+                ssh_command or self.ssh_command, "--ips", ",".join(ips), *args]
+        return self.popen(self.host_named(ips[0]), argv, cwd=cwd, **options)
+
     def kill_host(self, name):
         """Every process of the host, its sshd included, SIGKILLed at once: the host is gone."""
         _kill_namespace_processes(self.hosts[name].namespace)
@@ -277,8 +300,23 @@ class Cluster:
         restores it."""
         _run(["ip", "-n", self.switch, "link", "set", self.hosts[name].port_name, "up" if up else "down"])
 
-    def link_bytes(self, name):
-        """Bytes the host's link carried so far, both directions (counted at its bridge port)."""
+    def sent_bytes(self, name):
+        """Bytes host `name` sent over its link so far (counted where it enters the bridge): summed
+        over the hosts, every byte between hosts once."""
         (link,) = json.loads(_run(["ip", "-n", self.switch, "-s", "-j", "link", "show",
                                    self.hosts[name].port_name]))
-        return link["stats64"]["tx"]["bytes"] + link["stats64"]["rx"]["bytes"]
+        return link["stats64"]["rx"]["bytes"]
+
+    def loopback_bytes(self, name):
+        """Bytes sent over host `name`'s loopback so far: the traffic between its own processes."""
+        (link,) = json.loads(_run(["ip", "-n", self.hosts[name].namespace, "-s", "-j", "link", "show", "lo"]))
+        return link["stats64"]["tx"]["bytes"]
+
+
+def wait_for_text(path, text, timeout):
+    """Wait until file `path` contains `text`; TimeoutError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and text in path.read_text(errors="replace")):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {text!r} in {path} after {timeout} s")
+        time.sleep(0.05)

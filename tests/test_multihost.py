@@ -23,9 +23,9 @@ from multiprocess import clean_environment
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 import namespace_cluster  # noqa: E402  (the benchmarks' folder is not a package)
+from namespace_cluster import wait_for_text  # noqa: E402
 
 TRAIN = str(Path(__file__).resolve().parent / "launcher_scripts" / "train_linear.py")
-FLEETRUN = [sys.executable, "-m", "fleetlite.launcher"]
 STEPS = 6
 JOB_TIMEOUT_S = 90
 
@@ -51,61 +51,35 @@ def hosts_files(cluster):
 def one_process(tmp_path_factory):
     """Final weights of the same training as one process: the oracle every multi-host run matches."""
     cwd = tmp_path_factory.mktemp("one-process")
-    result = subprocess.run([*FLEETRUN, "--job_id", "one", TRAIN, "--steps", str(STEPS), "--out", "w.npy"],
-                            cwd=cwd, env=clean_environment(), capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "fleetlite.launcher", "--job_id", "one", TRAIN,
+                             "--steps", str(STEPS), "--out", "w.npy"], cwd=cwd, env=clean_environment(), capture_output=True, text=True,
                             timeout=JOB_TIMEOUT_S)
     assert result.returncode == 0, result.stderr
     return np.load(cwd / "w.npy")
 
 
-def host_named(cluster, name_or_address):
-    return next(host.name for host in cluster.hosts.values() if name_or_address in (host.name, host.address))
-
-
-def fleetrun_args(cluster, ips, *args, ssh_command=None):
-    return [*FLEETRUN, "--ssh", "--ssh_command", ssh_command or cluster.ssh_command, "--ips", ",".join(ips),
-            *args]
-
-
 def run_from_first_host(cluster, cwd, ips, *args, ssh_command=None, timeout=JOB_TIMEOUT_S):
     """fleetrun --ssh run in ips[0] to its end: (the finished process, seconds it took)."""
     started = time.monotonic()
-    result = cluster.run(host_named(cluster, ips[0]), fleetrun_args(cluster, ips, *args, ssh_command=ssh_command), timeout,
-                         cwd=cwd, env=clean_environment(), capture_output=True, text=True)
-    return result, time.monotonic() - started
+    fleetrun = cluster.fleetrun(ips, args, cwd, ssh_command, env=clean_environment(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = fleetrun.communicate(timeout=timeout)
+    finally:
+        fleetrun.kill()
+    return subprocess.CompletedProcess(fleetrun.args, fleetrun.returncode, out, err), time.monotonic() - started
 
 
 def start_from_first_host(cluster, cwd, ips, *args):
     """fleetrun --ssh in ips[0] in the background, its output in cwd/fleetrun.out."""
     with open(cwd / "fleetrun.out", "w") as out:
-        return cluster.popen(host_named(cluster, ips[0]), fleetrun_args(cluster, ips, *args), cwd=cwd, env=clean_environment(),
-                             stdout=out, stderr=subprocess.STDOUT)
-
-
-def wait_for_log_line(path, text, timeout):
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and text in path.read_text(errors="replace")):
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {text!r} in {path}"
-        time.sleep(0.05)
-
-
-def fleetlite_processes(cluster, name):
-    """The fleetruns and workers still running in host `name` (sshd's own processes aside)."""
-    left = []
-    for pid in cluster.processes(name):
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except FileNotFoundError:
-            continue
-        if "fleetlite" in command:
-            left.append(f"{pid}: {command}")
-    return left
+        return cluster.fleetrun(ips, args, cwd, env=clean_environment(), stdout=out, stderr=subprocess.STDOUT)
 
 
 def wait_until_no_fleetlite_processes(cluster, name, timeout):
     deadline = time.monotonic() + timeout
-    while fleetlite_processes(cluster, name):
-        assert time.monotonic() < deadline, f"left on {name}: {fleetlite_processes(cluster, name)}"
+    while cluster.fleetlite_processes(name):
+        assert time.monotonic() < deadline, f"left on {name}: {cluster.fleetlite_processes(name)}"
         time.sleep(0.1)
 
 
@@ -168,7 +142,7 @@ def test_a_host_killed_outright_is_named_with_its_ranks_within_seconds(cluster, 
     fleetrun = start_from_first_host(cluster, tmp_path, ["node-a", "node-b"], "--nproc_per_node", "2",
                                      "--job_id", "host-kill", TRAIN, "--steps", "200", "--step_seconds", "0.1")
     try:
-        wait_for_log_line(tmp_path / "log" / "workerlog.3@node-b", "rank 3 step 2 ", 60)
+        wait_for_text(tmp_path / "log" / "workerlog.3@node-b", "rank 3 step 2 ", 60)
         killed = time.monotonic()
         cluster.kill_host("node-b")
         code = fleetrun.wait(timeout=30)
@@ -189,7 +163,7 @@ def test_a_cut_link_is_named_within_30_s_and_both_hosts_stop_their_workers(clust
     fleetrun = start_from_first_host(cluster, tmp_path, ["node-a", "node-b"], "--nproc_per_node", "2",
                                      "--job_id", "cut-link", TRAIN, "--steps", "400", "--step_seconds", "0.1")
     try:
-        wait_for_log_line(tmp_path / "log" / "workerlog.3@node-b", "rank 3 step 2 ", 60)
+        wait_for_text(tmp_path / "log" / "workerlog.3@node-b", "rank 3 step 2 ", 60)
         cut = time.monotonic()
         cluster.cut_link("node-b")
         code = fleetrun.wait(timeout=45)
