@@ -4,6 +4,7 @@ would run it on the first host. Faults are real: a host's every process killed, 
 ssh that cannot start, a hostname that resolves to 127.0.1.1. Every wait is bounded.
 """
 import io
+import json
 import os
 import re
 import subprocess
@@ -18,7 +19,7 @@ from fleetlite.errors import LaunchError
 from fleetlite.launcher.host_link import HEARTBEAT, RemoteLink, follow_first_host
 from fleetlite.launcher.preflight import gloo_interface
 from fleetlite.launcher.supervisor import StopRequest
-from multiprocess import clean_environment
+from multiprocess import clean_environment, run_job
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -26,6 +27,7 @@ import namespace_cluster  # noqa: E402  (the benchmarks' folder is not a package
 from namespace_cluster import wait_for_text  # noqa: E402
 
 TRAIN = str(Path(__file__).resolve().parent / "launcher_scripts" / "train_linear.py")
+WORKERS = Path(__file__).resolve().parent / "workers"
 STEPS = 6
 JOB_TIMEOUT_S = 90
 
@@ -189,6 +191,36 @@ def test_a_restart_across_hosts_resumes_from_the_checkpoint_like_an_uninterrupte
     assert "root cause: rank 2 on node-b" in result.stderr and "was killed by SIGKILL" in result.stderr
     assert result.stderr.count("restarting this host's workers (restart 1 of 1)") == 2   # each host its own
     np.testing.assert_allclose(np.load(tmp_path / "w.npy"), one_process, rtol=1e-5)
+
+
+def across_the_cluster(cluster):
+    """run_job's arguments that put node i of a job in host i of the cluster."""
+    names = list(cluster.hosts)
+    return {"hosts": [cluster.hosts[name].address for name in names],
+            "wrap": lambda node, argv: cluster.command(names[node], argv),
+            "extra_env": {"GLOO_SOCKET_IFNAME": namespace_cluster.HOST_INTERFACE}}
+
+
+NODE_LEVEL_STRATEGIES = {
+    "hierarchical_all_reduce": {"use_hierarchical_allreduce": True, "fuse_all_reduce_ops": False},
+    # density 1: the node's reduce-scatter, the cross-node gather and the node's gather all run,
+    # and nothing is left out, so the result is one process's (the selection is test_topk's)
+    "hierarchical_top_k": {"topk": True, "topk_configs": {"density": 1.0, "min_numel": 64, "hierarchical": True}},
+}
+
+
+def test_hierarchical_exchanges_across_a_real_node_boundary_train_like_one_process(cluster):
+    strategies = json.dumps(NODE_LEVEL_STRATEGIES)
+    oracle = run_job(WORKERS / "parity_worker.py", 1, args=[4, strategies], timeout=150)[0]
+    ranks = run_job(WORKERS / "parity_worker.py", 4, 2, args=[4, strategies], timeout=200,
+                    **across_the_cluster(cluster))
+    for key, expected in oracle.items():
+        passes = {"use_hierarchical_allreduce"} if key.endswith("all_reduce") else {"topk"}
+        assert passes | {"gloo_lowering"} <= set(ranks[0][key]["applied"]), key
+        for rank, result in enumerate(ranks):
+            for param, values in expected["params"].items():
+                np.testing.assert_allclose(result[key]["params"][param], values, rtol=0, atol=1e-5,
+                                           err_msg=f"{key}: rank {rank}, parameter {param}")
 
 
 # -- the parts, without a cluster ---------------------------------------------------------------
