@@ -33,7 +33,6 @@ import namespace_cluster
 from fleetlite.env_contract import worker_env
 from fleetlite.topology import Topology
 from harness import WorkerGroup, publish_skipped
-from namespace_cluster import wait_for_text
 from topk_contenders import exchange
 
 HERE = Path(__file__).resolve().parent
@@ -72,20 +71,14 @@ def max_relative_difference(weights, oracle):
 
 
 def time_fault(cluster, folder, fault, expected):
-    """Start a long job, cause `fault` once node-b trains; seconds until fleetrun ended, and
+    """Seconds from `fault()`, caused once node-b trains, to the end of a long job's fleetrun, and
     whether its report has `expected`."""
-    with open(folder / "fleetrun.out", "w") as out:
-        fleetrun = cluster.fleetrun(list(cluster.hosts), ["--nproc_per_node", str(PER_HOST), "--job_id", folder.name,
-                                                          TRAIN, "--steps", "1000", "--step_seconds", "0.1"],
-                                    folder, env=clean_environment(), stdout=out, stderr=out)
-    try:
-        wait_for_text(folder / "log" / f"workerlog.{PER_HOST * HOSTS - 1}@node-b", "step 2 ", 60)
-        started = time.monotonic()
-        fault()
-        fleetrun.wait(60)
-        return time.monotonic() - started, expected in (folder / "fleetrun.out").read_text()
-    finally:
-        fleetrun.kill()
+    args = ["--nproc_per_node", str(PER_HOST), "--job_id", folder.name, TRAIN, "--steps", "1000",
+            "--step_seconds", "0.1"]
+    _, seconds, output = cluster.fault_during_job(
+        list(cluster.hosts), args, folder, fault,
+        (folder / "log" / f"workerlog.{PER_HOST * HOSTS - 1}@node-b", "step 2 "), env=clean_environment())
+    return seconds, expected in output
 
 
 def faults(cluster, folder):

@@ -290,6 +290,22 @@ class Cluster:
                 ssh_command or self.ssh_command, "--ips", ",".join(ips), *args]
         return self.popen(self.host_named(ips[0]), argv, cwd=cwd, **options)
 
+    def fault_during_job(self, ips, args, cwd, fault, once, env=None, timeout=60):
+        """Start `fleetrun --ssh` as `fleetrun` does (output in cwd/fleetrun.out), call `fault()`
+        once file `once[0]` holds text `once[1]` (say, a rank's log its step 2), and wait for
+        fleetrun's end: (its exit code, seconds from the fault to its end, its output)."""
+        with open(Path(cwd) / "fleetrun.out", "w") as out:
+            fleetrun = self.fleetrun(ips, args, cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_for_text(*once, timeout)
+            faulted = time.monotonic()
+            fault()
+            code = fleetrun.wait(timeout)
+            return code, time.monotonic() - faulted, (Path(cwd) / "fleetrun.out").read_text()
+        finally:
+            fleetrun.kill()
+            fleetrun.wait()
+
     def kill_host(self, name):
         """Every process of the host, its sshd included, SIGKILLed at once: the host is gone."""
         _kill_namespace_processes(self.hosts[name].namespace)

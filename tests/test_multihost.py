@@ -24,7 +24,6 @@ from multiprocess import clean_environment, run_job
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 import namespace_cluster  # noqa: E402  (the benchmarks' folder is not a package)
-from namespace_cluster import wait_for_text  # noqa: E402
 
 TRAIN = str(Path(__file__).resolve().parent / "launcher_scripts" / "train_linear.py")
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -54,8 +53,8 @@ def one_process(tmp_path_factory):
     """Final weights of the same training as one process: the oracle every multi-host run matches."""
     cwd = tmp_path_factory.mktemp("one-process")
     result = subprocess.run([sys.executable, "-m", "fleetlite.launcher", "--job_id", "one", TRAIN,
-                             "--steps", str(STEPS), "--out", "w.npy"], cwd=cwd, env=clean_environment(), capture_output=True, text=True,
-                            timeout=JOB_TIMEOUT_S)
+                             "--steps", str(STEPS), "--out", "w.npy"], cwd=cwd, env=clean_environment(),
+                            capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
     assert result.returncode == 0, result.stderr
     return np.load(cwd / "w.npy")
 
@@ -70,12 +69,6 @@ def run_from_first_host(cluster, cwd, ips, *args, ssh_command=None, timeout=JOB_
     finally:
         fleetrun.kill()
     return subprocess.CompletedProcess(fleetrun.args, fleetrun.returncode, out, err), time.monotonic() - started
-
-
-def start_from_first_host(cluster, cwd, ips, *args):
-    """fleetrun --ssh in ips[0] in the background, its output in cwd/fleetrun.out."""
-    with open(cwd / "fleetrun.out", "w") as out:
-        return cluster.fleetrun(ips, args, cwd, env=clean_environment(), stdout=out, stderr=subprocess.STDOUT)
 
 
 def wait_until_no_fleetlite_processes(cluster, name, timeout):
@@ -140,19 +133,21 @@ def test_an_ssh_that_fails_at_once_fails_the_job_at_once_naming_the_host(cluster
     wait_until_no_fleetlite_processes(cluster, "node-a", 10)
 
 
+def fault_during_long_job(cluster, tmp_path, job_id, fault):
+    """(exit code, seconds from `fault` to fleetrun's end, its output) of a 2 x 2 job from node-a
+    with `fault()` once rank 3 on node-b trains."""
+    args = ["--nproc_per_node", "2", "--job_id", job_id, TRAIN, "--steps", "400", "--step_seconds", "0.1"]
+    return cluster.fault_during_job(["node-a", "node-b"], args, tmp_path, fault,
+                                    (tmp_path / "log" / "workerlog.3@node-b", "rank 3 step 2 "),
+                                    env=clean_environment())
+
+
 def test_a_host_killed_outright_is_named_with_its_ranks_within_seconds(cluster, tmp_path):
-    fleetrun = start_from_first_host(cluster, tmp_path, ["node-a", "node-b"], "--nproc_per_node", "2",
-                                     "--job_id", "host-kill", TRAIN, "--steps", "200", "--step_seconds", "0.1")
     try:
-        wait_for_text(tmp_path / "log" / "workerlog.3@node-b", "rank 3 step 2 ", 60)
-        killed = time.monotonic()
-        cluster.kill_host("node-b")
-        code = fleetrun.wait(timeout=30)
-        seconds = time.monotonic() - killed
+        code, seconds, output = fault_during_long_job(cluster, tmp_path, "host-kill",
+                                                      lambda: cluster.kill_host("node-b"))
     finally:
-        fleetrun.kill()
         cluster.start_sshd("node-b")
-    output = (tmp_path / "fleetrun.out").read_text()
     assert code == 255, output
     assert ("fleetrun: root cause: the connection to node-b was lost (ssh exited with code 255 before its "
             "fleetrun reported: the host went down, or the connection did): ranks 2-3 were there") in output
@@ -162,19 +157,12 @@ def test_a_host_killed_outright_is_named_with_its_ranks_within_seconds(cluster, 
 
 
 def test_a_cut_link_is_named_within_30_s_and_both_hosts_stop_their_workers(cluster, tmp_path):
-    fleetrun = start_from_first_host(cluster, tmp_path, ["node-a", "node-b"], "--nproc_per_node", "2",
-                                     "--job_id", "cut-link", TRAIN, "--steps", "400", "--step_seconds", "0.1")
     try:
-        wait_for_text(tmp_path / "log" / "workerlog.3@node-b", "rank 3 step 2 ", 60)
-        cut = time.monotonic()
-        cluster.cut_link("node-b")
-        code = fleetrun.wait(timeout=45)
-        seconds = time.monotonic() - cut
+        code, seconds, output = fault_during_long_job(cluster, tmp_path, "cut-link",
+                                                      lambda: cluster.cut_link("node-b"))
         wait_until_no_fleetlite_processes(cluster, "node-b", 15)   # node-b stopped its own workers
     finally:
-        fleetrun.kill()
         cluster.cut_link("node-b", up=True)
-    output = (tmp_path / "fleetrun.out").read_text()
     assert code == 137, output
     assert ("fleetrun: root cause: the connection to node-b was lost (no word from its fleetrun for 10 s): "
             "ranks 2-3 were there") in output
