@@ -53,6 +53,7 @@ bench: $(BENCH_STAMP)
 	cd benchmarks && ../$(PY) topk_wire_bytes.py --json ../log/bench_topk_wire_bytes.json
 	cd benchmarks && ../$(PY) topk_throttled.py --json ../log/bench_topk_throttled.json
 	cd benchmarks && ../$(PY) topk_accuracy.py --json ../log/bench_topk_accuracy.json
+	cd benchmarks && ../$(PY) multihost.py --json ../log/bench_multihost.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info log

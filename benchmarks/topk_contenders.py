@@ -75,6 +75,13 @@ def topk(density, error_feedback=True, warmup_steps=0):
         family=family, density=density)
 
 
+def hierarchical_topk(density):
+    """Top-k exchanged in two levels (strategies/topk.py); needs ranks on several nodes, so it is
+    in no single-host sweep (no family). Its formula is None: on CPU its rings run on ring 0."""
+    return Exchange(f"hierarchical_topk_{density:g}", {"topk": True, "topk_configs": {
+        "density": density, "hierarchical": True}})
+
+
 def dgc(sparsity):
     """Fleet's dgc at one sparsity from the first step (no dense phase, no ramp)."""
     return Exchange(f"dgc_{1 - sparsity:g}", {"dgc": True, "dgc_configs": {
@@ -86,6 +93,7 @@ EXCHANGES = {exchange.name: exchange for exchange in [
     DENSE,
     topk(0.1), topk(0.01), topk(0.001),
     topk(0.01, error_feedback=False), topk(0.001, error_feedback=False),
+    hierarchical_topk(0.01),
     dgc(0.99), dgc(0.999),
 ]}
 

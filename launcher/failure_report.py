@@ -8,6 +8,9 @@ the rest is pure: `diagnose` decides who is to blame and `format_report` says it
   never blamed.
 - A failure whose exception is a collective losing its peer (gloo's transport errors, its bare
   `std::exception` in static programs, NCCL's remote error) makes the rank a *victim*.
+- A remote host's fleetrun (under --ssh) that ended without its report lost its connection
+  (the host went down, the link was cut, or ssh never started it): that is a failure of the
+  host even when fleetrun was already stopping it, and the report says so with its ranks.
 - The *root cause* is the earliest failure that is not a victim. If every failure is a victim,
   a rank stalled or the cause is on another host: the report then names the ranks that had
   entered fewer steps than the first victim (from the progress files).
@@ -41,10 +44,12 @@ class WorkerEnd:
     log_tail: Tuple[str, ...] = ()
     teed: bool = False         # its output already went to the console
     remote: bool = False       # a whole host's fleetrun, which reports for itself
+    lost: Optional[str] = None  # a remote host whose connection was lost: how, and its ranks
 
     @property
     def failed(self):
-        return self.returncode not in (0, None) and (not self.stopped or self.error is not None)
+        return self.returncode not in (0, None) and (
+            not self.stopped or self.error is not None or self.lost is not None)
 
     @property
     def victim(self):
@@ -112,6 +117,8 @@ def _where(end):
 
 
 def _root_lines(root):
+    if root.remote and root.lost:
+        return [f"fleetrun: root cause: {root.lost}"]
     if root.remote:
         return [f"fleetrun: the job failed on {root.host}: its fleetrun {describe_exit(root)} "
                 f"(its report is above)"]
@@ -180,7 +187,8 @@ def read_end(ended):
     common = dict(name=process.name, host=process.host, pid=process.pid,
                   returncode=ended.returncode, time=ended.time, stopped=ended.stopped)
     if slot is None:
-        return WorkerEnd(remote=True, **common)
+        lost = process.lost(ended.returncode) if ended.returncode is not None else None
+        return WorkerEnd(remote=True, lost=lost, **common)
     error = read_error(slot.error_file)
     return WorkerEnd(rank=slot.rank, error=error, progress=read_progress(slot.progress_file),
                      log_path=slot.log_path, log_tail=_log_tail(slot.log_path, process.log_start, error),

@@ -11,6 +11,7 @@ import time
 from fleetlite.launcher.collective_stall import STALL_EXIT_CODE, StallWatch, format_stall
 from fleetlite.launcher.failure_report import diagnose, exit_code, format_report, read_end
 from fleetlite.launcher.plan import CPU_MALLOC_TUNABLES, plan_workers
+from fleetlite.launcher.preflight import GLOO_INTERFACE_ENV
 from fleetlite.launcher.spec import follower_argv
 from fleetlite.launcher.supervisor import GRACE_S, stop_processes, watch
 from fleetlite.launcher.transport import worker_command
@@ -32,22 +33,25 @@ class Job:
         self.local, self.remote, self.stop, self.grace = local, remote, stop, grace
         self.err = err or sys.stderr
         self.slots = self._plan(0)  # a bad plan fails here, before anything starts
+        self._ended_remotes = set()
 
     def _say(self, *lines):
         for line in lines:
             print(line, file=self.err, flush=True)
 
     def _plan(self, attempt):
-        return plan_workers(self.spec, self.preflight.port, self.environ, attempt)
+        interface = self.preflight.gloo_interface
+        environ = {GLOO_INTERFACE_ENV: interface, **self.environ} if interface else self.environ
+        return plan_workers(self.spec, self.preflight.port, environ, attempt)
 
     def _start_other_hosts(self):
         if self.remote is None:
             return []
         remotes = []
         for host in self.spec.ips[1:]:
-            process = self.remote.start(host, follower_argv(self.spec, host, self.preflight.port))
             ranks = [s.rank for s in self.slots if s.host == host]
             which = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
+            process = self.remote.start(host, follower_argv(self.spec, host, self.preflight.port), which)
             self._say(f"fleetrun: {which} on {host}: started its fleetrun over ssh "
                       f"(pid {process.pid}); it prints its own table and report")
             remotes.append(process)
@@ -66,6 +70,9 @@ class Job:
             threads = {name: workers[0].slot.env[name] for name in shown if name in workers[0].slot.env}
             lines.append("  CPU workers: " + " ".join(f"{k}={v}" for k, v in threads.items()) +
                          " (fleetrun's defaults unless exported)")
+        if self.preflight.gloo_interface:
+            lines.append(f"  gloo binds {GLOO_INTERFACE_ENV}={self.preflight.gloo_interface}, the interface of "
+                         f"{self.preflight.this_host} (fleetrun's choice unless exported)")
         self._say(*lines)
 
     def _attempt(self, attempt, remotes):
@@ -74,13 +81,15 @@ class Job:
         command = worker_command(self.spec)
         workers = [self.local.start(slot, command, _tee_prefix(slot)) for slot in slots]
         self._start_table(workers, attempt)
-        live = workers + [r for r in remotes if r.poll() is None]
+        # every remote not seen ending yet: one whose ssh already failed is a failure of its host
+        live = workers + [r for r in remotes if r not in self._ended_remotes]
         stall = StallWatch({slot.rank: slot.progress_file for slot in slots}, self.spec.collective_stall_timeout)
         ended = watch(live, self.stop, stalled=stall.check)
         failures = [e for e in ended if e.returncode != 0]
         restart = (bool(failures) and not self.stop.is_set() and attempt < self.spec.max_restarts
                    and all(e.process in workers for e in failures))
         done = {e.process for e in ended}
+        self._ended_remotes.update(process for process in done if process in remotes)
         ended += stop_processes([p for p in live if p not in done and (p in workers or not restart)],
                                 self.stop, self.grace)
         for worker in workers:

@@ -5,26 +5,16 @@ The only place that exits. Bad input ends with one line naming the cause and the
 status 2, before any process starts; otherwise the exit status is the root cause's.
 """
 import os
-import signal
 import sys
-import threading
 
 from fleetlite.errors import FleetliteError
 from fleetlite.launcher.explain import explain
+from fleetlite.launcher.host_link import follow_first_host
 from fleetlite.launcher.job import Job
 from fleetlite.launcher.preflight import run_preflight
 from fleetlite.launcher.spec import parse_launch_spec
 from fleetlite.launcher.supervisor import StopRequest
 from fleetlite.launcher.transport import LocalTransport, SshTransport
-
-
-def stop_when_stdin_closes(stop):
-    """--follow_stdin: the first host of an --ssh job is gone, or asks this host to stop."""
-    def wait_for_end_of_input():
-        while os.read(sys.stdin.fileno(), 4096):  # os.read: no buffer lock held at interpreter exit
-            continue
-        stop.request(signal.SIGTERM, "the first host (its connection closed)")
-    threading.Thread(target=wait_for_end_of_input, name="follow stdin", daemon=True).start()
 
 
 def main(argv=None, prog="fleetrun"):
@@ -34,6 +24,8 @@ def main(argv=None, prog="fleetrun"):
     reservation = None
     try:
         spec = parse_launch_spec(sys.argv[1:] if argv is None else argv, environ, prog)
+        if spec.follow_stdin:   # from the start, so the first host hears this one at once
+            follow_first_host(stop)
         for note in spec.notes:
             print(f"fleetrun: {note}", file=sys.stderr)
         if spec.explain:
@@ -45,8 +37,6 @@ def main(argv=None, prog="fleetrun"):
         reservation = preflight.reservation
         job = Job(spec, preflight, environ, LocalTransport(), stop,
                   remote=SshTransport(spec.ssh_command) if spec.ssh else None)
-        if spec.follow_stdin:
-            stop_when_stdin_closes(stop)
         return job.run()
     except FleetliteError as exc:
         print(f"fleetrun: error: {exc}", file=sys.stderr)

@@ -4,6 +4,7 @@ Each failure is a LaunchError naming what is wrong and the fix: a job that canno
 should say so at once, not hang in a rendezvous (Paddle silently gives a host that is not in
 --ips rank offset 0, and a taken port aborts rank 0's store).
 """
+import dataclasses
 import fcntl
 import ipaddress
 import os
@@ -20,6 +21,7 @@ from fleetlite.launcher import ports
 from fleetlite.launcher.plan import check_spec, job_port, pinned_port
 
 SIOCGIFADDR = 0x8915
+GLOO_INTERFACE_ENV = "GLOO_SOCKET_IFNAME"
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
 HOST_LOOKUP_TIMEOUT_S = 5.0
 _HOSTNAME_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
@@ -32,6 +34,7 @@ class Preflight:
     this_host: str
     port: int
     reservation: Optional[ports.PortReservation] = None
+    gloo_interface: Optional[str] = None   # GLOO_SOCKET_IFNAME for this host's workers
 
 
 def check_script(script):
@@ -136,17 +139,58 @@ def _first_non_folder(path):
     return None
 
 
-def local_addresses():
-    """The IPv4 addresses of this machine's interfaces (read with an ioctl; no traffic)."""
-    found = set()
+def interface_addresses():
+    """{IPv4 address: interface} of this machine's interfaces (read with an ioctl; no traffic)."""
+    found = {}
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         for _, name in socket.if_nameindex():
             request = struct.pack("256s", name.encode()[:15])
             try:
-                found.add(socket.inet_ntoa(fcntl.ioctl(probe.fileno(), SIOCGIFADDR, request)[20:24]))
+                found[socket.inet_ntoa(fcntl.ioctl(probe.fileno(), SIOCGIFADDR, request)[20:24])] = name
             except OSError:  # an interface without an IPv4 address
                 continue
     return found
+
+
+def _ipv4_of(name):
+    """The first IPv4 address `name` resolves to here, or None."""
+    try:
+        return socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except (OSError, IndexError):
+        return None
+
+
+def gloo_interface(ips, this_host, environ, interfaces, hostname, resolve=_ipv4_of):
+    """The interface this host's workers bind gloo to (their GLOO_SOCKET_IFNAME), or None to
+    leave gloo's own choice.
+
+    Left alone, gloo binds whatever this machine's hostname resolves to, and on hosts where
+    that is 127.0.1.1 (Debian's /etc/hosts) the other hosts cannot reach the workers. So on a
+    job across hosts each host's workers bind the interface that holds its own --ips address;
+    when there is none, a hostname that resolves to a loopback address is refused here, with
+    the fix. An exported GLOO_SOCKET_IFNAME, a single host, or hosts that are all loopback
+    addresses (one machine) are left as they are."""
+    if GLOO_INTERFACE_ENV in environ or all(_is_loopback(host) for host in ips):
+        return None
+    address = this_host if _address(this_host) else resolve(this_host)
+    if address == this_host and _address(address).is_loopback:
+        raise LaunchError(f"--ips: this host is listed as {this_host}, a loopback address: the other hosts "
+                          f"cannot reach its workers there; list it by an address they reach")
+    if address and _address(address).is_loopback:
+        raise LaunchError(f"--ips: this host, {this_host}, resolves to {address} here, a loopback address "
+                          f"(Debian's /etc/hosts maps a machine's own name to 127.0.1.1): the other hosts "
+                          f"cannot reach its workers there; list this host in --ips by an address they "
+                          f"reach, or map {this_host} to that address in this host's /etc/hosts")
+    if address in interfaces:
+        return interfaces[address]
+    own = resolve(hostname)
+    if own and _address(own).is_loopback:
+        raise LaunchError(f"this host's name {hostname!r} resolves to {own}, a loopback address, and "
+                          f"{this_host} is not an address of its interfaces: gloo would bind its workers "
+                          f"to {own}, where the other hosts cannot reach them; map {hostname} to the "
+                          f"address the other hosts reach in /etc/hosts, or set GLOO_SOCKET_IFNAME to that "
+                          f"interface in this host's environment")
+    return None
 
 
 def _address(host):
@@ -231,12 +275,14 @@ def run_preflight(spec, environ):
     check_spec(spec)
     check_script(spec.script)
     check_hosts(spec.ips)
-    this_host = find_this_host(spec.ips, spec.host, local_addresses(), socket.gethostname())
+    interfaces, hostname = interface_addresses(), socket.gethostname()
+    this_host = find_this_host(spec.ips, spec.host, set(interfaces), hostname)
     if spec.ssh and this_host != spec.ips[0]:
         raise LaunchError(f"--ssh starts the other hosts from the first one: run it on {spec.ips[0]}, "
                           f"not on {this_host}")
+    interface = gloo_interface(spec.ips, this_host, environ, interfaces, hostname)
     check_devices(spec.devices, visible_gpu_count(environ), environ)
-    preflight = store_port(spec, this_host)
+    preflight = dataclasses.replace(store_port(spec, this_host), gloo_interface=interface)
     try:
         prepare_log_dir(spec.log_dir)
     except LaunchError:

@@ -17,6 +17,7 @@ import time
 
 from fleetlite import env_contract
 from fleetlite.launcher import worker_records
+from fleetlite.launcher.host_link import RemoteLink
 from fleetlite.launcher.log_tee import LogTee
 
 GROUP_EXIT_WAIT_S = 2.0  # a SIGKILLed process is gone within moments, later on a loaded machine
@@ -64,13 +65,52 @@ class Process:
 
 
 class RemoteFleetrun(Process):
-    """fleetrun on another host, started over ssh with --follow_stdin."""
+    """fleetrun on another host, started over ssh with --follow_stdin; `ranks` says which ranks
+    it runs ("ranks 2-3"). Its poll() also beats on the link and gives the host up when the link
+    stays silent (host_link)."""
+
+    def __init__(self, name, host, popen, link, ranks):
+        super().__init__(name, host, popen)
+        self.link, self.ranks = link, ranks
+        self._silent = None     # why the link was given up, when it was
+        self._stopping = False  # this fleetrun stopped it
+
+    def poll(self):
+        code = self._popen.poll()
+        if code is None:
+            self.link.beat()
+            self._silent = self.link.silence()
+            if self._silent is None:
+                return None
+            self._signal_group(signal.SIGKILL)
+            code = self._popen.wait()
+        self.link.finish()
+        return code
 
     def terminate(self):
         """Close its stdin: the remote fleetrun stops its workers and reports, then exits (a
         SIGTERM would kill the ssh client and lose that report)."""
-        if self._popen.stdin and not self._popen.stdin.closed:
-            self._popen.stdin.close()
+        self._stopping = True
+        self.link.close_input()
+
+    def kill(self):
+        self._stopping = True
+        super().kill()
+
+    def lost(self, returncode):
+        """How the connection to the host was lost, in words; None when its fleetrun reported
+        its end (or this fleetrun had to kill it while stopping the job)."""
+        if self._silent:
+            return f"the connection to {self.host} was lost ({self._silent}): {self.ranks} were there"
+        if self.link.reported or returncode == 0 or (self._stopping and returncode < 0):
+            return None
+        said = f": {self.link.said[-1]}" if self.link.said else ""
+        if not self.link.ever_heard:
+            return (f"could not start fleetrun on {self.host} over ssh (ssh exited with code "
+                    f"{returncode}{said}): {self.ranks} never started")
+        return (f"the connection to {self.host} was lost (ssh exited with code {returncode} before "
+                f"its fleetrun reported: the host went down, or the connection did): "
+                f"{self.ranks} were there")
 
 
 def _live_members(group):
@@ -116,15 +156,18 @@ class LocalTransport:
 
 class SshTransport:
     """Starts fleetrun on another host as `<ssh command> <host> <remote command>`; its output
-    comes back on this console. The remote side runs the same python and working directory."""
+    comes back on this console (stderr) through its link. The remote side runs the same python
+    and working directory."""
 
-    def __init__(self, ssh_command, python=sys.executable, cwd=None):
+    def __init__(self, ssh_command, python=sys.executable, cwd=None, console=None):
         self._ssh_command, self._python = list(ssh_command), python
         self._cwd = cwd or os.getcwd()
+        self._console = console if console is not None else sys.stderr.buffer
 
-    def start(self, host, fleetrun_argv):
+    def start(self, host, fleetrun_argv, ranks):
         remote = (f"cd {shlex.quote(self._cwd)} && exec {shlex.quote(self._python)} -u -m "
                   f"fleetlite.launcher {shlex.join(fleetrun_argv)}")
         popen = subprocess.Popen([*self._ssh_command, host, remote], stdin=subprocess.PIPE,
-                                 start_new_session=True)
-        return RemoteFleetrun(f"fleetrun on {host}", host, popen)
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        link = RemoteLink(popen.stdin, popen.stdout, self._console)
+        return RemoteFleetrun(f"fleetrun on {host}", host, popen, link, ranks)

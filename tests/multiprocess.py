@@ -6,6 +6,7 @@ FLEETLITE_RESULT, the path where the worker writes its JSON result. The first ra
 fails, or the deadline, ends the whole job: every process group is killed and the error
 names the rank with the tail of its log.
 """
+import dataclasses
 import json
 import os
 import signal
@@ -48,9 +49,12 @@ def without_root_override():
     return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
 
 
-def run_job(script, world_size, node_count=1, args=(), timeout=120, extra_env=None, ranks=None):
+def run_job(script, world_size, node_count=1, args=(), timeout=120, extra_env=None, ranks=None, hosts=None,
+            wrap=None):
     """Run `script` as the ranks `ranks` (default: all) of a job of `world_size`; returns their
-    JSON results in that order."""
+    JSON results in that order. `hosts` (one address per node) replaces the nodes' 127.0.0.x in
+    the endpoints, and `wrap(node, argv)` gives the command that runs a rank of that node (e.g.
+    in a host of a test cluster)."""
     port = free_port()
     ranks = list(range(world_size)) if ranks is None else list(ranks)
     with tempfile.TemporaryDirectory(prefix="fleetlite-job-") as folder:
@@ -59,10 +63,15 @@ def run_job(script, world_size, node_count=1, args=(), timeout=120, extra_env=No
         try:
             for rank in ranks:
                 topology = Topology.grid(world_size, node_count, rank=rank, base_port=port)
+                if hosts:
+                    topology = dataclasses.replace(topology, endpoints=[
+                        f"{hosts[index // topology.local_size]}:{endpoint.rpartition(':')[2]}"
+                        for index, endpoint in enumerate(topology.endpoints)])
+                command = [sys.executable, str(script), *map(str, args)]
                 env = {**os.environ, **QUIET_CPU, **worker_env(topology), **(extra_env or {}),
                        RESULT_ENV: str(folder / f"result.{rank}.json")}
                 log = open(folder / f"log.{rank}", "w")
-                processes[rank] = subprocess.Popen([sys.executable, str(script), *map(str, args)], env=env,
+                processes[rank] = subprocess.Popen(wrap(topology.node_rank, command) if wrap else command, env=env,
                                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 log.close()
             _wait(processes, folder, timeout)
