@@ -85,7 +85,8 @@ def diagnose(ends, blame_victims=True):
         root=root,
         victims=tuple(e for e in failures if e.victim and e is not root),
         other_failures=tuple(causes[1:]),
-        stopped=tuple(e for e in ends if e.stopped and not e.failed and e.returncode is not None),
+        stopped=tuple(sorted((e for e in ends if e.stopped and not e.failed and e.returncode is not None),
+                             key=lambda e: (e.rank is None, e.rank or 0, e.name))),
         behind=behind,
         unkillable=tuple(e for e in ends if e.returncode is None))
 

@@ -301,6 +301,12 @@ def test_a_teed_root_cause_points_at_its_output_instead_of_repeating_it():
     assert "Traceback" not in report and "last 1 lines" not in report
 
 
+def test_ranks_fleetrun_stopped_are_listed_in_rank_order_whatever_order_they_ended_in():
+    ends = [end(0, 1, 10.0, error=BOOM), end(3, -15, 10.1, stopped=True), end(1, -15, 10.3, stopped=True),
+            end(2, -15, 10.2, stopped=True)]
+    assert [e.rank for e in diagnose(ends).stopped] == [1, 2, 3]
+
+
 def test_a_job_stopped_from_outside_blames_no_victim():
     ends = [end(0, 1, 1.0, error=PEER_GONE), end(1, -15, 1.1, stopped=True)]
     diagnosis = diagnose(ends, blame_victims=False)
