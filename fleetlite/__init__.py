@@ -19,6 +19,8 @@ _LAZY = {"DistributedStrategy": "fleetlite.strategy", "BuildStrategy": "fleetlit
          "ExecutionStrategy": "fleetlite.strategy", "Topology": "fleetlite.topology",
          "PaddleCloudRoleMaker": "fleetlite.base.role_maker", "Role": "fleetlite.base.role_maker",
          "UserDefinedRoleMaker": "fleetlite.base.role_maker"}
+# Public modules by their documented name (`fleetlite.topk.mstopk(x, k)`), wherever their file lives.
+_MODULES = {"topk": "fleetlite.topk"}
 _API = ("init", "distributed_optimizer", "DistributedOptimizer", "worker_index", "worker_num",
         "is_first_worker", "worker_endpoints", "local_rank", "local_size", "node_num",
         "barrier_worker", "rank", "nranks", "world_size", "rank_in_node", "util", "all_reduce",
@@ -30,6 +32,9 @@ def __getattr__(name):
     if name in _LAZY:
         import importlib
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _MODULES:
+        import importlib
+        return importlib.import_module(_MODULES[name])
     if name in _API:
         from fleetlite import api
         return getattr(api, name)

@@ -6,7 +6,7 @@
 
 Paddle's bfloat16/float16 kernels can die with SIGSEGV (notes: oneDNN's bfloat16 matmul_grad);
 in-process, that takes pytest and every later test down. The decorated test re-runs its own
-function in a child (`python -m isolated MODULE FUNCTION ARGS`), with faulthandler on; the parent
+function in a child (`python -m isolated FOLDER MODULE FUNCTION ARGS`), with faulthandler on; the parent
 fails with the child's exit status or signal and the tail of its output (faulthandler's Python
 stack and Paddle's C++ stack), and the suite goes on. Arguments (pytest parameters) must be
 JSON values; fixtures are not available in the child. Every child is bounded by `timeout` and
@@ -43,7 +43,8 @@ def isolated(timeout=120):
 def run(function, args=(), kwargs=None, timeout=120):
     """Call `function(*args, **kwargs)` in a child Python; raise ChildFailed unless it returns."""
     module = function.__module__
-    command = [sys.executable, "-m", "isolated", module, function.__qualname__,
+    folder = str(Path(function.__code__.co_filename).resolve().parent)
+    command = [sys.executable, "-m", "isolated", folder, module, function.__qualname__,
                json.dumps({"args": list(args), "kwargs": kwargs or {}})]
     # faulthandler is switched on in the child once Paddle is imported (PYTHONFAULTHANDLER would
     # make that a no-op: enabled before Paddle's handler, then replaced by it)
@@ -70,13 +71,13 @@ def _tail(output):
     return "\n".join(output.splitlines()[-TAIL_LINES:])
 
 
-def _child_main(module_name, qualname, arguments):
+def _child_main(folder, module_name, qualname, arguments):
     import faulthandler
     import importlib
 
     import paddle  # noqa: F401  (installs Paddle's fatal-signal handler, which faulthandler then chains to)
 
-    sys.path.insert(0, str(TESTS))
+    sys.path[:0] = [folder, str(TESTS)]    # the test's own folder (tests/<area>/) and the helpers'
     target = importlib.import_module(module_name)
     for part in qualname.split("."):
         target = getattr(target, part)
@@ -86,4 +87,4 @@ def _child_main(module_name, qualname, arguments):
 
 
 if __name__ == "__main__":
-    _child_main(*sys.argv[1:4])
+    _child_main(*sys.argv[1:5])
