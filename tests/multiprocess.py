@@ -21,6 +21,8 @@ from fleetlite.env_contract import worker_env
 from fleetlite.topology import Topology
 
 RESULT_ENV = "FLEETLITE_RESULT"
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher_scripts")
+FLEETRUN = [sys.executable, "-m", "fleetlite.launcher"]
 QUIET_CPU = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "GLOG_minloglevel": "2",
              "PYTHONWARNINGS": "ignore"}
 
@@ -47,6 +49,12 @@ def without_root_override():
     if os.geteuid() != 0:
         return []
     return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+
+
+def fleetrun(args, cwd, timeout=90, prefix=()):
+    """fleetrun to its end, its output captured; `prefix` runs it under another command."""
+    return subprocess.run([*prefix, *FLEETRUN, *args], cwd=cwd, env=clean_environment(), capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def run_job(script, world_size, node_count=1, args=(), timeout=120, extra_env=None, ranks=None, hosts=None,

@@ -20,7 +20,7 @@ from fleetlite import (CompileError, DistributedStrategy, StrategyConflictError,
 from fleetlite.mixed_precision import fp16_guard
 from isolated import isolated
 from multiprocess import run_job
-from test_compiler import backward_program
+from workers.models import backward_program
 from workers import in_process
 from workers.models import Mlp, compiled_program
 

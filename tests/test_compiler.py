@@ -16,7 +16,7 @@ from fleetlite.strategies import REGISTRY
 from fleetlite.strategies.base import CompileContext, Pass, PassResult, Phase
 from fleetlite.strategies.data_parallel import DataParallel
 from fleetlite.strategies.gloo_lowering import GlooLowering
-from workers.models import loss as model_loss
+from workers.models import backward_program
 
 CPU_2 = Topology.grid(2)
 
@@ -41,16 +41,6 @@ def strategy(**fields):
     for name, value in fields.items():
         setattr(s, name, value)
     return s
-
-
-def backward_program():
-    paddle.enable_static()
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
-        x = paddle.static.data("x", [8, 64], "float32")
-        y = paddle.static.data("y", [8, 1], "int64")
-        params_grads = paddle.optimizer.SGD(0.1).backward(model_loss("mlp", x, y, 1))
-    return main, startup, params_grads
 
 
 def compile_with(registry, topology=CPU_2, **fields):

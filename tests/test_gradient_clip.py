@@ -25,7 +25,7 @@ import pytest
 
 from fleetlite import CompileError, Topology, compiler, invariants, program_edit
 from multiprocess import run_job
-from test_compiler import backward_program
+from workers.models import backward_program
 from workers import clip_worker
 from workers.in_process import strategy, train
 from workers.models import compiled_program, digits

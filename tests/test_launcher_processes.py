@@ -14,17 +14,10 @@ import time
 import numpy as np
 import pytest
 
-from multiprocess import clean_environment, without_root_override
+from multiprocess import FLEETRUN, SCRIPTS, clean_environment, fleetrun, without_root_override
 
-SCRIPTS = os.path.join(os.path.dirname(__file__), "launcher_scripts")
 TRAIN = os.path.join(SCRIPTS, "train_linear.py")
-FLEETRUN = [sys.executable, "-m", "fleetlite.launcher"]
 STEPS = 6
-
-
-def fleetrun(args, cwd, timeout=90, prefix=()):
-    return subprocess.run([*prefix, *FLEETRUN, *args], cwd=cwd, env=clean_environment(), capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def start_fleetrun(args, cwd, name="fleetrun"):

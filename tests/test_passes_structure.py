@@ -8,9 +8,10 @@ linear_1.w_0 (320), linear_0.b_0 (32), linear_0.w_0 (2048).
 import paddle
 import pytest
 
-from fleetlite import DistributedStrategy, Topology, program_edit
+from fleetlite import Topology, program_edit
 from fleetlite.strategies.fuse_all_reduce import plan_buckets
-from workers.models import compiled_program
+from workers.in_process import strategy
+from workers.models import compiled_program, sequence
 
 GPU_32 = Topology.grid(32, 4, rank=9, device="gpu")     # node 1, local rank 1
 CPU_4 = Topology.grid(4, 2, rank=3)                      # node 1, local rank 1
@@ -22,26 +23,9 @@ PACK_TWO = ["full_int_array", "reshape"] * 2 + ["full", "builtin.combine", "conc
 UNPACK_TWO = ["full_int_array", "full", "split", "builtin.split"] + ["full_int_array", "reshape"] * 2
 
 
-def strategy(**fields):
-    s = DistributedStrategy()
-    for name, value in fields.items():
-        setattr(s, name, value)
-    return s
-
-
 def compile_mlp(topology, **fields):
     main, _, built = compiled_program(strategy(**fields), topology)
     return main, built.report
-
-
-def sequence(main, pass_name):
-    """The ops `pass_name` created that are still in the program, compactly named."""
-    names = []
-    for op in program_edit.created_by(main.global_block(), pass_name):
-        name = op.name().replace("pd_op.", "")
-        ring = program_edit.int_attr(op, "ring_id")
-        names.append(name if ring is None else f"{name}(ring={ring})")
-    return names
 
 
 def fused(ring):

@@ -11,7 +11,8 @@ import pytest
 from fleetlite import DistributedStrategy, Topology, program_edit
 from fleetlite.errors import CompileError, StrategyConflictError
 from fleetlite.strategies.pto import plan_exchange, plan_partition
-from test_passes_structure import sequence, strategy
+from workers.in_process import strategy
+from workers.models import sequence
 from workers.models import compiled_program
 
 MLP_BYTES = [40, 1280, 128, 8192]

@@ -9,8 +9,7 @@ import warnings
 from types import SimpleNamespace
 
 from fleetlite import paddle_noise
-from multiprocess import clean_environment
-from test_launcher_processes import fleetrun
+from multiprocess import clean_environment, fleetrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOISE = ("No ccache found", "Tensor do not have 'place' interface for pir graph mode",

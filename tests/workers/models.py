@@ -9,7 +9,7 @@ split changes nothing). `compiled_program` builds one for the structural tests;
 import paddle
 from sklearn.datasets import load_digits
 
-from fleetlite import training_program
+from fleetlite import program_edit, training_program
 
 MODELS = ("mlp", "convbn")
 
@@ -91,3 +91,24 @@ def with_raw_gradients(strategy, topology, make_optimizer, rows, hidden):
         y = paddle.static.data("y", [rows, 1], "int64")
         raw = paddle.static.append_backward(wide_mlp_loss(x, y, hidden))
     return main, startup, loss, built, plain, {p.name: g for p, g in raw}
+
+
+def backward_program():
+    """(main, startup, params_grads) of the MLP after plain backward: the program compile rewrites."""
+    paddle.enable_static()
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [8, 64], "float32")
+        y = paddle.static.data("y", [8, 1], "int64")
+        params_grads = paddle.optimizer.SGD(0.1).backward(loss("mlp", x, y, 1))
+    return main, startup, params_grads
+
+
+def sequence(main, pass_name):
+    """The ops `pass_name` created that are still in the program, compactly named."""
+    names = []
+    for op in program_edit.created_by(main.global_block(), pass_name):
+        name = op.name().replace("pd_op.", "")
+        ring = program_edit.int_attr(op, "ring_id")
+        names.append(name if ring is None else f"{name}(ring={ring})")
+    return names
