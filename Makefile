@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 CLAIM_FLEETRUN := $(PY) -m pip install -q --no-deps --force-reinstall -e .
 # The compiled MSTopK kernel builds on first use; building it here keeps it out of the tests' time
 # (without a C++ compiler: a warning, and MSTopK runs as Paddle ops).
-BUILD_KERNELS := $(PY) -c 'from fleetlite import mstopk_kernel; mstopk_kernel.load_error()'
+BUILD_KERNELS := $(PY) -c 'from fleetlite.compression import mstopk_kernel; mstopk_kernel.load_error()'
 
 .PHONY: install test demo proto docs bench clean
 
@@ -33,7 +33,7 @@ proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. fleetlite/proto/strategy.proto
 
 docs: $(STAMP)
-	$(PY) -m fleetlite.reference_doc > docs/strategy_reference.md
+	$(PY) -m fleetlite.strategy.reference_doc > docs/strategy_reference.md
 
 BENCH_STAMP := $(VENV)/.fleetlite-bench-installed
 $(BENCH_STAMP): $(STAMP)

@@ -9,7 +9,7 @@ and reports S = t(float32) / t(bfloat16 O1) per model: above 1, bfloat16 is fast
 """
 import statistics
 
-from fleetlite import paddle_noise
+from fleetlite.paddle_compat import quiet_warnings as paddle_noise
 from amp_worker import PRECISIONS
 from harness import measure, print_table, protocol_parser, publish, publish_skipped
 

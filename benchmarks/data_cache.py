@@ -28,8 +28,8 @@ import time
 
 import numpy as np
 
-from fleetlite.env_contract import worker_env
-from fleetlite.topology import Topology
+from fleetlite.topology.env_contract import worker_env
+from fleetlite.topology.topology import Topology
 from harness import LoadCheck, free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))

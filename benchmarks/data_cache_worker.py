@@ -22,7 +22,7 @@ from fleetlite.data import (CachedSamples, NodePartitionBatchSampler, PrefetchLo
 from fleetlite.data.dali_augmentation import DaliAugmentation
 from fleetlite.data.image_loader import stacked
 from fleetlite.data.image_transforms import augment_image, decode_image
-from fleetlite.data.job import topology
+from fleetlite.data.running_job import topology
 
 
 def barrier():

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from fleetlite.env_contract import worker_env
-from fleetlite.topology import Topology
+from fleetlite.topology.env_contract import worker_env
+from fleetlite.topology.topology import Topology
 
 HERE = Path(__file__).resolve().parent
 

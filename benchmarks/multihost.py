@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 import namespace_cluster
-from fleetlite.env_contract import worker_env
-from fleetlite.topology import Topology
+from fleetlite.topology.env_contract import worker_env
+from fleetlite.topology.topology import Topology
 from harness import WorkerGroup, publish_skipped
 from topk_contenders import exchange
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetlite.launcher import ports
-from fleetlite.process_liveness import process_exists
+from fleetlite.interprocess.process_liveness import process_exists
 from network_namespace import _exit_on_terminate, _run
 
 PREFIX = "flmh-"

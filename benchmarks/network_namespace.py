@@ -15,7 +15,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from fleetlite.process_liveness import process_exists
+from fleetlite.interprocess.process_liveness import process_exists
 from harness import WorkerGroup
 
 PREFIX = "fleetlite-bench-"

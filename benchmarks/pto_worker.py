@@ -31,9 +31,9 @@ def build(contender, shapes):
     from paddle.base.framework import pir_op_role_guard
 
     import fleetlite as fleet
-    from fleetlite import program_edit
+    from fleetlite.compile import program_edit
     from fleetlite.strategies import pto
-    from fleetlite.strategies.base import CompileContext
+    from fleetlite.compile.pass_contract import CompileContext
 
     paddle.enable_static()
     fleet.init(is_collective=True)

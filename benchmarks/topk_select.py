@@ -6,7 +6,7 @@ Per size (millions of float32 elements, a Gaussian gradient) and density, every 
 once per round, in turn, for --rounds rounds after --warmup discarded ones; the tables show the
 median round's wall time and, since the machine is shared, its CPU time (this process's, all
 threads; every contender runs on one thread):
-- mstopk_static: fleetlite.topk.mstopk built into a static program, as the topk pass builds it
+- mstopk_static: fleetlite.compression.topk_select.mstopk built into a static program, as the topk pass builds it
   on a CPU: the compiled kernel (the gradient lives in the scope, as a training step's gradient
   does; the run fetches the k values and indices);
 - mstopk_eager: the same function, the same kernel, called on an eager tensor;
@@ -33,7 +33,7 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
-from fleetlite import topk  # noqa: E402
+from fleetlite.compression import topk_select as topk  # noqa: E402
 from harness import LoadCheck, print_table, protocol_parser, publish  # noqa: E402
 
 try:

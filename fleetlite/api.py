@@ -16,13 +16,14 @@ import sys
 
 import paddle
 
-from fleetlite import checkpoint, foreign_launcher, process_group, sharded_state, steps_per_run, training_program
+from fleetlite.runtime import checkpoint, process_group, sharded_state, steps_per_run, training_program
+from fleetlite.topology import foreign_launcher
 from fleetlite.base.role_maker import PaddleCloudRoleMaker, RoleMakerBase
-from fleetlite.collective_waits import waiting_in
-from fleetlite.env_contract import EXPLAIN_ONLY
+from fleetlite.runtime.collective_waits import waiting_in
+from fleetlite.topology.env_contract import EXPLAIN_ONLY
 from fleetlite.errors import FleetliteError, StrategyConflictError
-from fleetlite.job_values import JobValues
-from fleetlite.strategy import DistributedStrategy
+from fleetlite.runtime.job_values import JobValues
+from fleetlite.strategy.distributed_strategy import DistributedStrategy
 from fleetlite.tuning import trial_worker
 
 _job = None   # (Topology, DistributedStrategy or None) once init() ran

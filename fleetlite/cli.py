@@ -5,10 +5,10 @@ Bad input ends with one line naming the cause and the fix, and exit status 2; ne
 import argparse
 import sys
 
-from fleetlite import strategy_files
+from fleetlite.strategy import files as strategy_files
 from fleetlite.errors import FleetliteError
-from fleetlite.strategy import DistributedStrategy
-from fleetlite.topology import Topology
+from fleetlite.strategy.distributed_strategy import DistributedStrategy
+from fleetlite.topology.topology import Topology
 
 def validate(args):
     """Each file: one error line (exit 2 if any), or ok and the knobs compile will skip."""
@@ -18,7 +18,7 @@ def validate(args):
             strategy = DistributedStrategy.load(path, allow_empty=args.allow_empty)
             try:
                 strategy.validate()
-                from fleetlite.compiler import check_knobs  # imports Paddle: only once the file is good
+                from fleetlite.compile.compiler import check_knobs  # imports Paddle: only once the file is good
                 _, _, skipped = check_knobs(strategy)
             except FleetliteError as exc:
                 raise strategy_files.in_file(path, exc) from None
@@ -60,10 +60,10 @@ def convert(args):
 def explain(args):
     strategy = DistributedStrategy.load(args.strategy) if args.strategy else DistributedStrategy()
     topology = Topology.grid(args.world, args.nodes, rank=args.rank, device=args.device)
-    from fleetlite import paddle_noise
+    from fleetlite.paddle_compat import quiet_warnings as paddle_noise
     with paddle_noise.importing_paddle():     # Paddle is imported only once the input is good
         import paddle
-        from fleetlite.explain import explain as compile_report
+        from fleetlite.runtime.explain_strategy import explain as compile_report
     paddle_noise.drop_empty_out(paddle._C_ops)
     report = compile_report(strategy, topology, args.model)
     print(report.to_json() if args.json else report.table())

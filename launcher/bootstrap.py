@@ -7,7 +7,7 @@ It runs the user's unchanged script as `__main__` and adds what the launcher nee
   fleetlite replaces);
 - every `Executor.run` and `Tensor.backward` entered bumps the progress file, so a collective
   timeout can name the ranks that were behind; the fleet-level collective the worker waits in
-  goes there too (fleetlite.collective_waits), so fleetrun sees ranks stuck in different ones;
+  goes there too (fleetlite.runtime.collective_waits), so fleetrun sees ranks stuck in different ones;
 - SIGTERM (fleetrun stopping the job) ends the worker quietly, not with Paddle's crash report;
 - ranks on the store's host other than rank 0 wait until the store listens before they connect:
   Paddle's store client retries only every 3 s, so connecting early costs seconds;
@@ -27,7 +27,9 @@ import signal
 import sys
 import traceback
 
-from fleetlite import collective_waits, env_contract, paddle_noise
+from fleetlite.paddle_compat import quiet_warnings as paddle_noise
+from fleetlite.runtime import collective_waits
+from fleetlite.topology import env_contract
 from fleetlite.launcher import ports, worker_records
 
 PR_SET_PDEATHSIG = 1

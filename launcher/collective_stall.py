@@ -3,7 +3,7 @@
 A rank in fleet.util.all_reduce and another in fleet.util.barrier (or in the same call, but
 its 3rd against its 2nd) never meet: gloo would end the job only after its fixed 30 s, with a
 C++ traceback that names neither call. Each worker's progress record says which fleet-level
-collective it waits in (fleetlite.collective_waits); when ranks of this host have each waited
+collective it waits in (fleetlite.runtime.collective_waits); when ranks of this host have each waited
 longer than the stall deadline in different ones, fleetrun stops the job and says where each
 waits. Ranks on other hosts are their own fleetrun's to watch.
 """

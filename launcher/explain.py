@@ -7,7 +7,7 @@ process group, prints the CompileReport and exits, so a 32-rank job is explained
 import subprocess
 import sys
 
-from fleetlite import env_contract
+from fleetlite.topology import env_contract
 from fleetlite.errors import LaunchError
 from fleetlite.launcher.plan import job_port, pinned_port, plan_workers
 from fleetlite.launcher.preflight import check_script

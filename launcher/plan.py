@@ -10,9 +10,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Mapping
 
-from fleetlite import env_contract
+from fleetlite.topology import env_contract
 from fleetlite.errors import LaunchError
-from fleetlite.topology import Topology
+from fleetlite.topology.topology import Topology
 
 # Hand-launched multi-host jobs cannot agree on a free port, so their default port is derived
 # from the job id: one per job id, below Linux's ephemeral range (32768+).

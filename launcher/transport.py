@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from fleetlite import env_contract
+from fleetlite.topology import env_contract
 from fleetlite.launcher import worker_records
 from fleetlite.launcher.host_link import RemoteLink
 from fleetlite.launcher.log_tee import LogTee

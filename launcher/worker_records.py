@@ -62,7 +62,7 @@ def read_error(path):
 
 
 class ProgressWriter:
-    """The worker's side; also the listener of fleetlite.collective_waits."""
+    """The worker's side; also the listener of fleetlite.runtime.collective_waits."""
 
     def __init__(self, path):
         self.steps, self.collectives = 0, 0

@@ -5,8 +5,8 @@ and their declared before/after edges; the position in this list only breaks tie
 """
 from fleetlite.strategies.amp import Amp, AmpLossScaling
 from fleetlite.errors import StrategyConflictError
-from fleetlite.knob_accounting import unclaimed_under_strict
-from fleetlite.strategies.base import check_combination, required_skipped, strict_refusal
+from fleetlite.strategy.knob_accounting import unclaimed_under_strict
+from fleetlite.compile.pass_contract import check_combination, required_skipped, strict_refusal
 from fleetlite.strategies.build_strategy_fusions import OpFusion
 from fleetlite.strategies.comm_rings import CommRings
 from fleetlite.strategies.data_parallel import DataParallel
@@ -25,7 +25,7 @@ from fleetlite.strategies.scale_gradient import ScaleGradient
 from fleetlite.strategies.sync_batch_norm import SyncBatchNorm
 from fleetlite.strategies.sync_nccl_allreduce import SyncNcclAllReduce
 from fleetlite.strategies.topk import TopkExchange
-from fleetlite.strategy import register_check
+from fleetlite.strategy.distributed_strategy import register_check
 
 REGISTRY = (
     DataParallel,

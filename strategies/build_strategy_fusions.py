@@ -18,9 +18,9 @@ again through the op that reads it (a collective or the optimizer), which the fu
 """
 import paddle
 
-from fleetlite import program_edit
-from fleetlite.requested_fields import requested
-from fleetlite.strategies.base import Pass, PassResult, Phase, read_field
+from fleetlite.compile import program_edit
+from fleetlite.strategy.requested_fields import requested
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase, read_field
 
 
 BN_ADD_ACT = "fused_bn_add_act_pass"      # registered only behind apply_bn_add_act_pass()

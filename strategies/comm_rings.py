@@ -6,8 +6,8 @@ ring 0 is the default process group and rings 1..n-1 are created by the API on G
 a process has one communicator, so the lowering maps these rings back to ring 0 (same
 members, same math).
 """
-from fleetlite import program_edit
-from fleetlite.strategies.base import Pass, PassResult, Phase
+from fleetlite.compile import program_edit
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 
 
 class CommRings(Pass):

@@ -6,8 +6,8 @@ scale keeps the update equal to one process on the full batch). Layout passes re
 reroute these buckets; this pass only decides that every trainable gradient crosses ranks
 exactly once.
 """
-from fleetlite import gradient_buckets
-from fleetlite.strategies.base import Pass, PassResult, Phase
+from fleetlite.compile import gradient_buckets
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 
 
 class DataParallel(Pass):

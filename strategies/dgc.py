@@ -14,8 +14,8 @@ momentum m and learning rate lr, each rank keeps two persistable tensors u and v
                                           p -= lr * E                   (the momentum is inside u)
 
 The dense phase is exactly the Momentum update (u is its velocity), so the switch carries the
-momentum over. The sparse phase's exchange is the top-k pass's (fleetlite.sparse_exchange); the
-selection is `fleetlite.topk.mstopk`: a threshold found on a strided sample of |v| (DGC's sampled
+momentum over. The sparse phase's exchange is the top-k pass's (fleetlite.compression.sparse_exchange); the
+selection is `fleetlite.compression.topk_select.mstopk`: a threshold found on a strided sample of |v| (DGC's sampled
 threshold), one masked pass, then a trim to exactly k, so every rank sends exactly k pairs (an
 all-gather needs the same count from every rank), the exact top-k up to ties.
 
@@ -41,14 +41,15 @@ import math
 import paddle
 from paddle.pir.core import create_persistable_value
 
-from fleetlite import gradient_buckets, program_edit, sparse_exchange, topk
-from fleetlite.compile_report import human_bytes
+from fleetlite.compile import gradient_buckets, program_edit
+from fleetlite.compression import sparse_exchange, topk_select as topk
+from fleetlite.compile.report import human_bytes
 from fleetlite.errors import CompileError, StrategyConflictError
-from fleetlite.sparse_exchange import INDEX_BYTES, IN_ORDER
-from fleetlite.strategies.base import Pass, PassResult, Phase
+from fleetlite.compression.sparse_exchange import INDEX_BYTES, IN_ORDER
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 from fleetlite.strategies.pto import remove_startup_state
 from fleetlite.strategies.topk import TAKEN_DTYPES, fraction_sent
-from fleetlite.strategy import register_check
+from fleetlite.strategy.distributed_strategy import register_check
 
 MIN_NUMEL = 16384                 # Fleet's DGC takes parameters of at least this many elements
 DEFAULT_SPARSITY = (0.999,)       # Fleet's default when dgc_configs.sparsity is empty

@@ -12,12 +12,12 @@ Paddle 3 removed ExecutionStrategy; its PIR interpreter is configured by process
   reuse when it lowers the program; on by default in Paddle 3, so `false` is the value that
   changes something).
 - `execution_strategy.num_iteration_per_run` -> N training steps per executor call, through a
-  core.Plan of N micro-batch jobs (see fleetlite/steps_per_run.py), installed by
+  core.Plan of N micro-batch jobs (see fleetlite/runtime/steps_per_run.py), installed by
   `DistributedOptimizer.prepare_executor`.
 `num_iteration_per_drop_scope` and `use_thread_barrier` have no Paddle 3 equivalent; the
 compile report says so (knob accounting).
 """
-from fleetlite.strategies.base import Pass, PassResult, Phase
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 from fleetlite.strategies.flag_knob import FlagKnob
 
 POOL = "Paddle sizes the interpreter's pool itself (4 host threads on CPU)"

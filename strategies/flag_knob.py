@@ -5,8 +5,8 @@ process-wide flags (`FLAGS_new_executor_*`, cuDNN flags). The pass only records 
 report's runtime flags; `DistributedOptimizer.minimize` sets them, so they also apply to every
 other program the process runs.
 """
-from fleetlite.requested_fields import requested
-from fleetlite.strategies.base import Pass, PassResult, Phase, read_field
+from fleetlite.strategy.requested_fields import requested
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase, read_field
 
 
 class FlagKnob(Pass):

@@ -12,9 +12,9 @@ on GPU, but no bytes are saved.
 """
 import paddle
 
-from fleetlite import gradient_buckets, program_edit
-from fleetlite.compile_report import human_bytes
-from fleetlite.strategies.base import Pass, PassResult, Phase
+from fleetlite.compile import gradient_buckets, program_edit
+from fleetlite.compile.report import human_bytes
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 
 COLLECTIVES = ("pd_op.all_reduce", "pd_op.all_reduce_")
 

@@ -16,9 +16,9 @@ produces the last layer's gradients first):
 3. Buckets are issued in the order their last gradient becomes ready.
 Gradients that a sparse exchange sends instead (`topk`) are left out of the plan.
 """
-from fleetlite import gradient_buckets
-from fleetlite.compile_report import human_bytes
-from fleetlite.strategies.base import Pass, PassResult, Phase
+from fleetlite.compile import gradient_buckets
+from fleetlite.compile.report import human_bytes
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 
 MiB = 1 << 20
 

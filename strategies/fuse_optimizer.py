@@ -17,8 +17,8 @@ import collections
 
 import paddle
 
-from fleetlite import program_edit
-from fleetlite.strategies.base import Pass, PassResult, Phase
+from fleetlite.compile import program_edit
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 
 ADAM = "pd_op.adam_"
 UPDATE_OPS = ("pd_op.sgd_", "pd_op.momentum_", "pd_op.adam_", "pd_op.adamw_", "pd_op.lamb_")

@@ -19,9 +19,9 @@ import math
 
 import paddle
 
-from fleetlite import gradient_buckets, program_edit
+from fleetlite.compile import gradient_buckets, program_edit
 from fleetlite.errors import CompileError
-from fleetlite.strategies.base import Pass, PassResult, Phase
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 
 ALL_REDUCE = ("pd_op.all_reduce", "pd_op.all_reduce_")
 

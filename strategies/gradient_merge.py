@@ -25,9 +25,9 @@ value and zeroing it last is ordered correctly).
 import paddle
 from paddle.pir.core import create_persistable_value
 
-from fleetlite import program_edit
-from fleetlite.compile_report import human_bytes
-from fleetlite.strategies.base import Pass, PassResult, Phase
+from fleetlite.compile import program_edit
+from fleetlite.compile.report import human_bytes
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 
 ACCUMULATOR_SUFFIX = "@GRAD@MERGED"
 

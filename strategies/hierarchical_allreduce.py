@@ -14,11 +14,11 @@ import math
 
 import paddle
 
-from fleetlite import gradient_buckets, program_edit
+from fleetlite.compile import gradient_buckets, program_edit
 from fleetlite.errors import StrategyConflictError
-from fleetlite.ring_table import INTER, INTRA
-from fleetlite.strategies.base import Pass, PassResult, Phase
-from fleetlite.strategy import register_check
+from fleetlite.compile.ring_table import INTER, INTRA
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase
+from fleetlite.strategy.distributed_strategy import register_check
 
 
 def intra_size(strategy, topology):

@@ -30,12 +30,12 @@ fuse_all_optimizer_ops, merged_adam_ merges the owned Adam updates.
 import math
 import paddle
 
-from fleetlite import gradient_buckets, program_edit
-from fleetlite.compile_report import human_bytes
+from fleetlite.compile import gradient_buckets, program_edit
+from fleetlite.compile.report import human_bytes
 from fleetlite.errors import CompileError, StrategyConflictError
-from fleetlite.strategies.base import Pass, PassResult, Phase, read_field
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase, read_field
 from fleetlite.strategies.fuse_optimizer import UPDATE_OPS
-from fleetlite.strategy import register_check
+from fleetlite.strategy.distributed_strategy import register_check
 
 MiB = 1 << 20
 NOT_STATE = ("param", "grad", "learning_rate", "skip_update")

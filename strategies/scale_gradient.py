@@ -9,10 +9,10 @@ from scaling the sum, within float32 rounding.
 """
 import paddle
 
-from fleetlite import gradient_buckets
-from fleetlite.compile_report import human_bytes
+from fleetlite.compile import gradient_buckets
+from fleetlite.compile.report import human_bytes
 from fleetlite.errors import CompileError
-from fleetlite.strategies.base import Pass, PassResult, Phase
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 
 
 class ScaleGradient(Pass):

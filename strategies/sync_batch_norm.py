@@ -23,8 +23,8 @@ from typing import Any
 
 import paddle
 
-from fleetlite import gradient_buckets, program_edit
-from fleetlite.strategies.base import Pass, PassResult, Phase
+from fleetlite.compile import gradient_buckets, program_edit
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 
 FORWARD, BACKWARD = "pd_op.batch_norm_", "pd_op.batch_norm_grad"
 

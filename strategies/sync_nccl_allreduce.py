@@ -6,7 +6,7 @@ same default as the strategy field). The pass passes the strategy's value on eit
 `false` is honoured too. gloo collectives return only when the sum is done, so on CPU there
 is nothing to wait for and the knob is reported as skipped.
 """
-from fleetlite.strategies.base import Pass, PassResult, Phase
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 
 FLAG = "FLAGS_sync_nccl_allreduce"
 

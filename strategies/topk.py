@@ -5,7 +5,7 @@ gradient with at least `topk_configs.min_numel` elements. Per taken gradient g (
 k = ceil(density * n)), right where backward produces it:
 
     acc      = flatten(g) + residual           (residual: persistable, zeros in the startup program)
-    v, i     = MSTopK(acc, k)                  (fleetlite.topk: k signed values, their int64 indices)
+    v, i     = MSTopK(acc, k)                  (fleetlite.compression.topk_select: k signed values, their int64 indices)
     V, I     = all_gather(v), all_gather(int32(i))      on ring 0: W*k pairs, rank order
     reduced  = scatter_nd_add(zeros(n), I, V) * 1/W    (sums the ranks' contributions by index)
     residual = acc with the sent entries zeroed         (error feedback: nothing is ever lost)
@@ -23,7 +23,7 @@ of acc) down to density, with the threshold estimated on MSTopK's sample, the un
 the residual as above; from step warmup_steps on, the top-k exchange. Both branches return the
 reduced gradient and the new residual, which is written back after the branch (Paddle 3.3.1 does
 not order in-place writes inside a branch reliably; see gradient_merge). With warm-up the program
-runs in program order (fleetlite.sparse_exchange says why).
+runs in program order (fleetlite.compression.sparse_exchange says why).
 
 Hierarchical (`topk_configs.hierarchical`; Shi et al.'s two-level exchange): with L ranks per node
 group (`hierarchical_allreduce_inter_nranks`, or the ranks per node when it is 1, as for
@@ -63,14 +63,15 @@ from typing import Optional
 import paddle
 from paddle.pir.core import create_persistable_value
 
-from fleetlite import gradient_buckets, sparse_exchange, topk
-from fleetlite.compile_report import human_bytes
+from fleetlite.compile import gradient_buckets
+from fleetlite.compression import sparse_exchange, topk_select as topk
+from fleetlite.compile.report import human_bytes
 from fleetlite.errors import StrategyConflictError
-from fleetlite.ring_table import INTER, INTRA
-from fleetlite.sparse_exchange import INDEX_BYTES, IN_ORDER
-from fleetlite.strategies.base import Pass, PassResult, Phase
+from fleetlite.compile.ring_table import INTER, INTRA
+from fleetlite.compression.sparse_exchange import INDEX_BYTES, IN_ORDER
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 from fleetlite.strategies.hierarchical_allreduce import check_node_groups, intra_size
-from fleetlite.strategy import register_check
+from fleetlite.strategy.distributed_strategy import register_check
 
 RESIDUAL_SUFFIX = "@GRAD@TOPK_RESIDUAL"
 TAKEN_DTYPES = ("float32", "float64")

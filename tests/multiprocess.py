@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from fleetlite.env_contract import worker_env
-from fleetlite.topology import Topology
+from fleetlite.topology.env_contract import worker_env
+from fleetlite.topology.topology import Topology
 
 RESULT_ENV = "FLEETLITE_RESULT"
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher_scripts")

@@ -12,7 +12,7 @@ coordinator, server endpoints, or `is_collective=False`) is an error naming the 
 """
 import abc
 
-from fleetlite import env_contract
+from fleetlite.topology import env_contract
 from fleetlite.errors import FleetliteError, StrategyConflictError, TopologyError
 
 __all__ = ["Role", "RoleMakerBase", "PaddleCloudRoleMaker", "UserDefinedRoleMaker"]

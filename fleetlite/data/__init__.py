@@ -9,7 +9,7 @@ from fleetlite.data.cached_samples import CachedSamples
 from fleetlite.data.class_balanced import ClassBalancedBatchSampler
 from fleetlite.data.distributed import DistributedBatchSampler, EvalBatchSampler, ShardBatchSampler
 from fleetlite.data.image_loader import PrefetchLoader, image_list, image_loader
-from fleetlite.data.job import all_reduce_sums, gather_sizes
+from fleetlite.data.running_job import all_reduce_sums, gather_sizes
 from fleetlite.data.loader import loader, make_sampler
 from fleetlite.data.node_partition import NodePartitionBatchSampler
 from fleetlite.data.pk import PKBatchSampler

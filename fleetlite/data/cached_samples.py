@@ -15,7 +15,7 @@ from collections import Counter
 
 import numpy as np
 
-from fleetlite.data import job
+from fleetlite.data import running_job as job
 from fleetlite.data.disk_cache import DiskCache, cache_dir_errors, make_cache_dir
 from fleetlite.data.settings import LEVELS, unknown_or_repeated_levels
 from fleetlite.data.shared_store import SharedSampleStore, default_folder

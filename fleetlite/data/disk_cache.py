@@ -15,8 +15,8 @@ import threading
 
 from fleetlite.data.sources import checked_name
 from fleetlite.errors import DataError
-from fleetlite.file_lock import FileLock
-from fleetlite.process_liveness import process_exists
+from fleetlite.interprocess.file_lock import FileLock
+from fleetlite.interprocess.process_liveness import process_exists
 
 ENTRIES, LOCKS, PARTIAL = "entries", "locks", "partial"
 

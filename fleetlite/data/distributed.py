@@ -9,7 +9,7 @@ equal before batching, each way costing at most N-1 samples per epoch (N ranks):
 """
 import numpy as np
 
-from fleetlite.data import job
+from fleetlite.data import running_job as job
 from fleetlite.data.epoch_sampler import (EpochSampler, batch_count, check_batch_size, dataset_size,
                                           split_batches)
 from fleetlite.errors import DataError

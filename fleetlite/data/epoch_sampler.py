@@ -11,7 +11,7 @@ import numbers
 
 import numpy as np
 
-from fleetlite.data import job
+from fleetlite.data import running_job as job
 from fleetlite.errors import DataError
 
 

@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from fleetlite.data import job, settings
+from fleetlite.data import running_job as job, settings
 from fleetlite.data.cached_samples import CachedSamples
 from fleetlite.data.dali_augmentation import DaliAugmentation
 from fleetlite.data.dali_pipeline import DaliBatches, gpu_batches, image_pipeline

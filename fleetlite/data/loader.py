@@ -1,7 +1,7 @@
 """`fleetlite.data.loader(dataset, strategy)`: a `paddle.io.DataLoader` with the sampler the
 strategy's `data_configs` asks for, so a Fleet script needs one line to feed every rank its
 own, equal share."""
-from fleetlite.data import job, settings
+from fleetlite.data import running_job as job, settings
 from fleetlite.data.cached_samples import CachedSamples
 from fleetlite.data.class_balanced import ClassBalancedBatchSampler
 from fleetlite.data.distributed import DistributedBatchSampler, EvalBatchSampler, ShardBatchSampler

@@ -10,7 +10,7 @@ when that matters). With one node it is a full shuffle.
 """
 import numpy as np
 
-from fleetlite.data import job
+from fleetlite.data import running_job as job
 from fleetlite.data.distributed import deal_batches, equal_batches_policy, equal_shard_size
 from fleetlite.data.epoch_sampler import EpochSampler, batch_count, check_batch_size, dataset_size
 from fleetlite.errors import DataError

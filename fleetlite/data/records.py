@@ -22,7 +22,7 @@ import tarfile
 
 import numpy as np
 
-from fleetlite.data import job
+from fleetlite.data import running_job as job
 from fleetlite.errors import DataError
 
 INDEX_SUFFIX = ".idx.json"

@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from fleetlite.errors import DataError
-from fleetlite.process_liveness import process_exists
+from fleetlite.interprocess.process_liveness import process_exists
 
 MAGIC = b"FLSTORE2"
 HEADER = struct.Struct("<8sQQQ")           # magic, entries, capacity (arena bytes), bytes used

@@ -10,9 +10,9 @@ import io
 import os
 from pathlib import Path
 
-from fleetlite import schema, strategy_files
+from fleetlite.strategy import schema, files as strategy_files
 from fleetlite.errors import LaunchError
-from fleetlite.strategy import DistributedStrategy
+from fleetlite.strategy.distributed_strategy import DistributedStrategy
 from fleetlite.tuning.space import nested_fields
 
 TABLE_PREFIX = "#| "

@@ -9,10 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from fleetlite import schema
+from fleetlite.strategy import schema
 from fleetlite.launcher.plan import check_spec
 from fleetlite.launcher.preflight import run_preflight
-from fleetlite.strategy import DistributedStrategy
+from fleetlite.strategy.distributed_strategy import DistributedStrategy
 from fleetlite.tuning import search, space, strategy_writer
 from fleetlite.tuning.trials import check_tunable, run_trial
 

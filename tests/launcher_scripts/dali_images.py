@@ -1,4 +1,4 @@
-"""The DALI CPU loader feeding a data-parallel static program, for tests/test_data_dali.py.
+"""The DALI CPU loader feeding a data-parallel static program, for tests/data/test_data_dali.py.
 
 Each rank builds `fleetlite.data.image_loader(LIST, strategy, batch)` with loader "dali" and
 trains a linear classifier on it (a gradient all-reduce per step, so unequal batch counts would

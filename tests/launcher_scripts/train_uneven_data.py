@@ -1,4 +1,4 @@
-"""The digits MLP trained data parallel on deliberately uneven data, for tests/test_data_processes.py.
+"""The digits MLP trained data parallel on deliberately uneven data, for tests/data/test_data_processes.py.
 
 Rank 0 reads two record files and rank 1 one (shard_files by="file"), then both read the 1797
 digits (odd) through DistributedBatchSampler: for each --policies entry (data_configs.

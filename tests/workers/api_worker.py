@@ -17,7 +17,7 @@ import paddle
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
-from fleetlite.strategies.base import CompileContext  # noqa: E402
+from fleetlite.compile.pass_contract import CompileContext  # noqa: E402
 from fleetlite.strategies.gloo_lowering import GlooLowering  # noqa: E402
 from multiprocess import write_result  # noqa: E402
 from workers.models import loss  # noqa: E402

@@ -1,4 +1,4 @@
-"""One rank of a node reading through the cache, for tests/test_data_cache.py.
+"""One rank of a node reading through the cache, for tests/data/test_data_cache.py.
 
 argv: SOURCE CACHE_DIR STORE_FOLDER MEMORY_BYTES. Two epochs of the node partition through
 the disk and memory levels (a file barrier between them, so the second epoch finds what the
@@ -15,7 +15,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetlite.data import CachedSamples, FileSource, NodePartitionBatchSampler, PrefetchLoader  # noqa: E402
-from fleetlite.data.job import topology  # noqa: E402
+from fleetlite.data.running_job import topology  # noqa: E402
 from multiprocess import write_result  # noqa: E402
 
 

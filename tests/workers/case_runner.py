@@ -7,7 +7,7 @@ import sys
 import paddle
 
 import fleetlite as fleet
-from fleetlite.sparse_exchange import IN_ORDER
+from fleetlite.compression.sparse_exchange import IN_ORDER
 from multiprocess import write_result
 from workers import models
 

@@ -27,8 +27,9 @@ import paddle
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
-from fleetlite import compiler, training_program  # noqa: E402
-from fleetlite.env_contract import read_topology  # noqa: E402
+from fleetlite.compile import compiler  # noqa: E402
+from fleetlite.runtime import training_program  # noqa: E402
+from fleetlite.topology.env_contract import read_topology  # noqa: E402
 from multiprocess import write_result  # noqa: E402
 from workers import models  # noqa: E402
 

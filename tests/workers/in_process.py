@@ -4,7 +4,8 @@ compare two single-process runs, e.g. k micro-steps of batch b against one step 
 import numpy as np
 import paddle
 
-from fleetlite import DistributedStrategy, Topology, training_program
+from fleetlite import DistributedStrategy, Topology
+from fleetlite.runtime import training_program
 from workers import models
 
 SEED = 5

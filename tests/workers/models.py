@@ -9,7 +9,8 @@ split changes nothing). `compiled_program` builds one for the structural tests;
 import paddle
 from sklearn.datasets import load_digits
 
-from fleetlite import program_edit, training_program
+from fleetlite.compile import program_edit
+from fleetlite.runtime import training_program
 
 MODELS = ("mlp", "convbn")
 

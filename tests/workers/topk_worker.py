@@ -18,7 +18,8 @@ import paddle
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
-from fleetlite import mstopk_kernel, program_edit  # noqa: E402
+from fleetlite.compile import program_edit  # noqa: E402
+from fleetlite.compression import mstopk_kernel  # noqa: E402
 from fleetlite.api import _topology  # noqa: E402
 from fleetlite.strategies.topk import RESIDUAL_SUFFIX  # noqa: E402
 from workers import case_runner, models  # noqa: E402

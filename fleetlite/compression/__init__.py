@@ -1,0 +1,1 @@
+"""Gradient compression: top-k selection, its compiled kernel, the sparse exchange."""

@@ -1,0 +1,1 @@
+"""Every workaround for the installed Paddle, each gated on its version."""

@@ -1,0 +1,1 @@
+"""What runs in the worker: the training program, process group, fleet.util, saving."""

@@ -1,0 +1,162 @@
+"""Bring up the job's default process group (ring 0) with deadlines, and the extra NCCL rings.
+
+Why not `paddle.distributed.init_parallel_env()`: its rendezvous store waits without a usable
+deadline (measured on 3.3.1: a rank whose master is missing, or a master whose workers are
+missing, still waits after minutes). Here the same pieces are assembled with bounds:
+- a non-master rank first polls the master endpoint with plain TCP connects, and fails with
+  an error naming the endpoint when the deadline passes (Paddle's store client would retry
+  silently, every 3 s, for much longer);
+- the store is created with the same deadline, so the master fails naming the missing ranks;
+- the process group is then registered exactly as Paddle's own init does, so static programs
+  find ring 0 and `paddle.distributed` calls work.
+Paddle creates process groups in dynamic mode; `bring_up` switches to it and back.
+"""
+import contextlib
+import hashlib
+import ipaddress
+import os
+import socket
+import time
+
+import paddle
+import paddle.distributed.collective as paddle_collective
+from paddle.base import core
+from paddle.distributed import parallel_helper
+from paddle.distributed.communication.group import Group, _add_new_group
+from paddle.distributed.parallel import _set_expected_place
+
+from fleetlite.topology.env_contract import worker_env
+from fleetlite.launcher import ports
+from fleetlite.errors import TopologyError
+
+TIMEOUT_ENV = "FLEETLITE_INIT_TIMEOUT"
+DEFAULT_TIMEOUT = 120
+GROUP_NAME = "_default_pg"   # the name Paddle gives its default group
+
+_store = None
+
+
+def init_timeout(environ=os.environ):
+    raw = environ.get(TIMEOUT_ENV, str(DEFAULT_TIMEOUT))
+    try:
+        return max(1, int(raw))
+    except ValueError:
+        raise TopologyError(f"{TIMEOUT_ENV}={raw!r} is not a whole number of seconds") from None
+
+
+def bring_up(topology, timeout):
+    """Create the default process group for `topology` (nothing for a world of 1)."""
+    global _store
+    if topology.world_size == 1 or _store is not None:
+        return
+    for name, value in worker_env(topology).items():   # Paddle's C++ side reads these
+        if name.startswith(("PADDLE_", "FLAGS_")):
+            os.environ.setdefault(name, value)
+    host, port = topology.master.rsplit(":", 1)
+    if topology.rank != 0:
+        wait_for_endpoint(host, int(port), timeout, topology.rank)
+    with dynamic_mode():
+        _store = _rendezvous(host, int(port), topology, timeout)
+        _register_default_group(_store, topology)
+
+
+@contextlib.contextmanager
+def dynamic_mode():
+    """Run the body in Paddle's dynamic mode, then restore static mode if it was on: process
+    groups are created, and eager collectives run, in dynamic mode only."""
+    static = not paddle.in_dynamic_mode()
+    if static:
+        paddle.disable_static()
+    try:
+        yield
+    finally:
+        if static:
+            paddle.enable_static()
+
+
+def is_up():
+    """Whether this process has a process group (a job of more than one rank after bring_up)."""
+    return _store is not None
+
+
+def wait_for_endpoint(host, port, timeout, rank):
+    """Return once rank 0's store listens on host:port; TopologyError after `timeout` seconds.
+
+    On this machine the kernel's TCP table is read instead of connecting: a connect() to a port
+    in the ephemeral range can connect to itself and then hold the very port rank 0 needs."""
+    if ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
+        if ports.wait_until_listening(port, timeout):
+            return
+        _unreachable(host, port, timeout, rank, "nothing listens there")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                _unreachable(host, port, timeout, rank, exc)
+            time.sleep(0.1)
+
+
+def _unreachable(host, port, timeout, rank, why):
+    raise TopologyError(
+        f"rank {rank} could not reach the master endpoint {host}:{port} (rank 0's rendezvous "
+        f"store) within {timeout} s ({why}): is rank 0 running, and is {host} reachable? "
+        f"({TIMEOUT_ENV} sets the wait)")
+
+
+def _rendezvous(host, port, topology, timeout):
+    try:
+        return core.TCPStore(host, port, topology.rank == 0, topology.world_size, timeout)
+    except Exception as exc:  # Paddle raises SystemError with its own text
+        if topology.rank == 0:
+            what = (f"rank 0 hosts the rendezvous store at {host}:{port}, but not all "
+                    f"{topology.world_size - 1} other ranks connected within {timeout} s")
+        else:
+            what = f"rank {topology.rank} reached {host}:{port} but the rendezvous did not finish within {timeout} s"
+        raise TopologyError(f"{what}: a rank is missing or was started late ({TIMEOUT_ENV} sets the wait)") from exc
+
+
+def _register_default_group(store, topology):
+    backend = topology.backend
+    if backend == "nccl":
+        core.CommContextManager.set_device_id(topology.device_id)
+        place = core.CUDAPlace(topology.device_id)
+    else:
+        place = core.CPUPlace()
+    _set_expected_place(place)
+    paddle_collective._set_default_store(store)
+    paddle_collective._set_default_backend(backend)
+    process_group = paddle_collective._new_process_group_impl(
+        backend, store, topology.rank, topology.world_size, GROUP_NAME, pg_options=None)
+    group = Group(topology.rank, 0, list(range(topology.world_size)), pg=process_group, name=GROUP_NAME)
+    paddle_collective._set_group_map_by_name(GROUP_NAME, group)
+    paddle_collective._set_group_map(0, group)
+    paddle_collective._set_group_map_backend(group, backend)
+    _add_new_group(group)
+    parallel_helper._set_parallel_ctx(True)
+
+
+def barrier():
+    """Wait until every rank gets here (works in static mode, unlike dist.barrier)."""
+    if _store is not None:
+        paddle_collective._get_default_group().process_group.barrier().wait()
+
+
+def create_nccl_rings(rings, topology):
+    """One NCCL communicator per ring static programs use: ring 0 (the world; the startup
+    broadcast needs it, and the process group only creates it lazily, on its first eager
+    collective) and every ring in `rings` (the report's, with this rank's members).
+
+    Every rank creates every ring, in id order, with its own group's members; the key that
+    pairs the members of one group through the store hashes their endpoints and the ring id.
+    Creating a ring that exists is a no-op in Paddle.
+    """
+    world = {"ring": 0, "members": list(range(topology.world_size))}
+    for ring in [world] + [r for r in rings if r["ring"] != 0]:
+        members = ring["members"]
+        endpoints = "".join(topology.endpoints[r] for r in members) + f"ring_id:{ring['ring']}"
+        core.CommContextManager.create_nccl_comm_context(
+            _store, str(ring["ring"]), members.index(topology.rank), len(members),
+            hashlib.md5(endpoints.encode()).hexdigest())

@@ -1,0 +1,63 @@
+"""Rewrite a single-process training program into its data-parallel form (no processes touched).
+
+`build` is what `DistributedOptimizer.minimize` and `fleetlite explain` share: compile (its
+forward passes, backward, the rest, and the inner optimizer's `apply_gradients` on the reduced
+gradients before the passes that rewrite the update), then the startup program broadcasts every
+parameter from rank 0, so ranks start identical whatever their seeds. The optimizer's gradient
+clip and weight decay are part of `apply_gradients`, so they read the reduced gradients: a
+global norm is the norm of the averaged gradient, as in one process (`gradient_clip` builds the
+clip Paddle cannot build in PIR). Ops carry Paddle's op roles (forward 0, backward and
+gradient communication 1, optimizer 2), which plain PIR programs leave at -1.
+"""
+from dataclasses import dataclass
+from typing import Any, List
+
+import paddle
+from paddle.base.framework import pir_op_role_guard
+
+from fleetlite.compile import compiler, program_edit
+from fleetlite.paddle_compat import value_clip as gradient_clip, quiet_warnings as paddle_noise
+from fleetlite.compile.report import CompileReport
+
+BROADCAST = "broadcast_parameters"
+
+
+@dataclass
+class DataParallelProgram:
+    optimize_ops: List[Any]
+    params_grads: List[Any]     # (parameter, reduced gradient) pairs
+    report: CompileReport
+
+
+def build(loss, optimizer, strategy, topology, startup_program=None, parameter_list=None, no_grad_set=None):
+    main = loss.block.program
+    startup = startup_program or paddle.static.default_startup_program()
+    program_edit.tag_untagged_roles(main.global_block(), program_edit.FORWARD)
+
+    def backward(differentiated_loss):
+        with pir_op_role_guard(program_edit.BACKWARD), paddle_noise.differentiating():
+            return optimizer.backward(differentiated_loss, startup, parameter_list, no_grad_set)
+
+    def update(reduced, found_inf):
+        if found_inf is not None:   # Paddle's Adam family then skips the step, moments included
+            optimizer._set_auxiliary_var("found_inf", found_inf)
+        with pir_op_role_guard(program_edit.OPTIMIZE), gradient_clip.buildable(optimizer):
+            optimizer.apply_gradients(reduced)
+
+    with paddle.static.program_guard(main, startup):     # state a pass creates is initialised in `startup`
+        gradients, report = compiler.compile(main, None, strategy, topology, loss=loss, backward=backward,
+                                             update=update, optimizer=optimizer)
+    reduced = [(g.param, g.synced) for g in gradients if g.synced is not None]   # pto on GPU: the owned ones
+    optimize_ops = [op for op in program_edit.walk(main.global_block()) if op.op_role == program_edit.OPTIMIZE]
+    if topology.world_size > 1:
+        report.startup[BROADCAST] = broadcast_parameters(startup)
+    return DataParallelProgram(optimize_ops, reduced, report)
+
+
+def broadcast_parameters(startup):
+    """Put a broadcast from rank 0 before each parameter is stored; returns how many."""
+    setters = [op for op in startup.global_block().ops if op.name() == "builtin.set_parameter"]
+    for setter in setters:
+        with program_edit.inserting(startup, BROADCAST, before=setter):
+            paddle._C_ops.broadcast_(setter.operand_source(0), 0, 0)
+    return len(setters)

@@ -1,0 +1,1 @@
+"""The DistributedStrategy: its schema, field rules, files and generated reference."""
