@@ -10,6 +10,7 @@ require_paddle3()
 
 from fleetlite.errors import (CompileError, FleetliteError, StrategyConflictError,  # noqa: E402
                               StrategyError, StrategyFileError, TopologyError, UnknownFieldError)
+from fleetlite.strategy import pass_registry  # noqa: E402
 from fleetlite.version import __version__  # noqa: E402
 
 # Names that load on first use, so that fleetrun and each worker's bootstrap (which import this
@@ -26,6 +27,18 @@ _API = ("init", "distributed_optimizer", "DistributedOptimizer", "worker_index",
         "barrier_worker", "rank", "nranks", "world_size", "rank_in_node", "util", "all_reduce",
         "is_worker", "is_server", "server_num", "server_endpoints", "init_worker", "stop_worker",
         "save_persistables", "save_inference_model", "save", "load_model", "minimize")
+
+
+def _registered_passes():
+    """The pass registry, imported on first use: it imports Paddle (held: its ccache warning)."""
+    from fleetlite.paddle_compat import quiet_warnings
+    with quiet_warnings.importing_paddle():
+        from fleetlite import strategies
+    return strategies
+
+
+# The passes sit above the rooms that run them (validate, compile): this face hands them down.
+pass_registry.hand_in(_registered_passes)
 
 
 def __getattr__(name):

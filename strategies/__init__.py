@@ -25,7 +25,6 @@ from fleetlite.strategies.scale_gradient import ScaleGradient
 from fleetlite.strategies.sync_batch_norm import SyncBatchNorm
 from fleetlite.strategies.sync_nccl_allreduce import SyncNcclAllReduce
 from fleetlite.strategies.topk import TopkExchange
-from fleetlite.strategy.distributed_strategy import register_check
 
 REGISTRY = (
     DataParallel,
@@ -57,15 +56,17 @@ REGISTRY = (
 )
 
 
-@register_check
-def check_registered_combination(strategy, topology):
-    """The passes' requires and conflicts at validate() (fleet.init, `fleetlite strategy validate`,
-    distributed_optimizer), not first at minimize: they depend on the strategy alone."""
+def check_strategy(strategy, topology):
+    """What the passes require of a strategy, run by validate() (fleet.init, `fleetlite strategy
+    validate`, distributed_optimizer) rather than first at minimize: each pass's own cross-field
+    rules, the passes' requires and conflicts, and strict's refusals that need no program."""
+    for cls in REGISTRY:
+        cls.check_strategy(strategy, topology)
     check_combination([p for p in (cls(strategy) for cls in REGISTRY) if p.enabled()])
+    _check_strict(strategy, topology)
 
 
-@register_check
-def check_strict(strategy, topology):
+def _check_strict(strategy, topology):
     """Under strict, at validate() rather than first at minimize: a requested knob no pass reads,
     and a requested pass that does nothing on the declared topology whatever the program (pto on
     one rank, cuDNN flags on CPU, ...). Passes whose reason needs the program are left to compile."""

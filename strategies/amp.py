@@ -46,7 +46,6 @@ import paddle
 from fleetlite.compile import mixed_precision
 from fleetlite.errors import CompileError, StrategyConflictError
 from fleetlite.compile.pass_contract import Pass, PassResult, Phase
-from fleetlite.strategy.distributed_strategy import register_check
 
 MAX = 1   # all_reduce reduce_type
 
@@ -88,7 +87,6 @@ def op_lists(configs):
     return (white - custom_black) | custom_white, (black - custom_white) | custom_black
 
 
-@register_check
 def check_amp_configs(strategy, topology):
     if not strategy.amp:
         return
@@ -122,6 +120,7 @@ class LossScaling:
 
 
 class Amp(Pass):
+    check_strategy = staticmethod(check_amp_configs)
     name = "amp"
     phase = Phase.FORWARD_REWRITE
     reads = ("amp", "amp_configs.dtype", "amp_configs.use_pure_fp16", "amp_configs.use_pure_bf16",

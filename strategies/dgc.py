@@ -49,7 +49,6 @@ from fleetlite.compression.sparse_exchange import INDEX_BYTES, IN_ORDER
 from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 from fleetlite.strategies.pto import remove_startup_state
 from fleetlite.strategies.topk import TAKEN_DTYPES, fraction_sent
-from fleetlite.strategy.distributed_strategy import register_check
 
 MIN_NUMEL = 16384                 # Fleet's DGC takes parameters of at least this many elements
 DEFAULT_SPARSITY = (0.999,)       # Fleet's default when dgc_configs.sparsity is empty
@@ -87,7 +86,6 @@ def sent_per_phase(configs, numel):
     return merged
 
 
-@register_check
 def check_dgc_configs(strategy, topology):
     if strategy.dgc and len(phases(strategy.dgc_configs)) > 1:
         sparse_exchange.require_program_order(strategy, "dgc's schedule (rampup_begin_step > 0 or several sparsities)",
@@ -95,6 +93,7 @@ def check_dgc_configs(strategy, topology):
 
 
 class Dgc(Pass):
+    check_strategy = staticmethod(check_dgc_configs)
     name = "dgc"
     phase = Phase.COMMUNICATION
     after = ("data_parallel", "gradient_scale_configs.scale_gradient")

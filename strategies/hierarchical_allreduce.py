@@ -18,7 +18,6 @@ from fleetlite.compile import gradient_buckets, program_edit
 from fleetlite.errors import StrategyConflictError
 from fleetlite.compile.ring_table import INTER, INTRA
 from fleetlite.compile.pass_contract import Pass, PassResult, Phase
-from fleetlite.strategy.distributed_strategy import register_check
 
 
 def intra_size(strategy, topology):
@@ -26,7 +25,6 @@ def intra_size(strategy, topology):
     return topology.local_size if configured == 1 else configured
 
 
-@register_check
 def check_intra_groups(strategy, topology):
     if topology is not None and strategy.use_hierarchical_allreduce:
         check_node_groups(strategy, topology, "use_hierarchical_allreduce")
@@ -53,6 +51,7 @@ def check_node_groups(strategy, topology, knob):
 
 
 class HierarchicalAllReduce(Pass):
+    check_strategy = staticmethod(check_intra_groups)
     name = "use_hierarchical_allreduce"
     decides_without_program = True
     phase = Phase.COMM_LAYOUT

@@ -35,7 +35,6 @@ from fleetlite.compile.report import human_bytes
 from fleetlite.errors import CompileError, StrategyConflictError
 from fleetlite.compile.pass_contract import Pass, PassResult, Phase, read_field
 from fleetlite.strategies.fuse_optimizer import UPDATE_OPS
-from fleetlite.strategy.distributed_strategy import register_check
 
 MiB = 1 << 20
 NOT_STATE = ("param", "grad", "learning_rate", "skip_update")
@@ -109,10 +108,8 @@ def sharding_degree_check(strategy, topology):
             fix=f"set sharding_configs.sharding_degree: {topology.world_size}")
 
 
-register_check(sharding_degree_check)
-
-
 class Pto(Pass):
+    check_strategy = staticmethod(sharding_degree_check)
     name = "pto"
     decides_without_program = True
     phase = Phase.UPDATE_REWRITE

@@ -71,7 +71,6 @@ from fleetlite.compile.ring_table import INTER, INTRA
 from fleetlite.compression.sparse_exchange import INDEX_BYTES, IN_ORDER
 from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 from fleetlite.strategies.hierarchical_allreduce import check_node_groups, intra_size
-from fleetlite.strategy.distributed_strategy import register_check
 
 RESIDUAL_SUFFIX = "@GRAD@TOPK_RESIDUAL"
 TAKEN_DTYPES = ("float32", "float64")
@@ -82,7 +81,6 @@ def fraction_sent(density, numel):
     return min(numel, max(1, math.ceil(density * numel)))
 
 
-@register_check
 def check_topk_configs(strategy, topology):
     if not strategy.topk:
         return
@@ -121,6 +119,7 @@ class Levels:
 
 
 class TopkExchange(Pass):
+    check_strategy = staticmethod(check_topk_configs)
     name = "topk"
     phase = Phase.COMMUNICATION
     after = ("data_parallel", "gradient_scale_configs.scale_gradient")

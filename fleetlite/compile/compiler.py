@@ -32,15 +32,15 @@ import heapq
 from fleetlite.compile import invariants, program_edit
 from fleetlite.compile.report import APPLIED, OFF, SKIPPED, CompileReport, PassRecord
 from fleetlite.errors import CompileError, FleetliteError
+from fleetlite.strategy import pass_registry
 from fleetlite.strategy.knob_accounting import unclaimed_under_strict
-from fleetlite.strategies import REGISTRY
 from fleetlite.compile.pass_contract import (CompileContext, GradientSync, Phase, check_combination, required_skipped,
                                              strict_refusal)
 
 BACKWARD_EXISTS = "it rewrites the forward before backward, and this program already has backward"
 
 
-def compile(program, params_grads, strategy, topology, registry=REGISTRY, loss=None, backward=None, update=None,
+def compile(program, params_grads, strategy, topology, registry=None, loss=None, backward=None, update=None,
             optimizer=None):
     """Rewrite `program` for `topology`; returns ([GradientSync], CompileReport).
 
@@ -49,6 +49,7 @@ def compile(program, params_grads, strategy, topology, registry=REGISTRY, loss=N
     which compile calls after the FORWARD_REWRITE passes. `update([(param, reduced grad)], found_inf)`
     builds the optimizer update; compile calls it before the UPDATE_REWRITE passes. `optimizer` is
     the inner optimizer `update` applies, for passes that depend on it (dgc needs Momentum's).
+    `registry`: the pass classes to run (default: the registered passes, see pass_registry).
     """
     strategy.validate(topology)
     passes, enabled, unclaimed = check_knobs(strategy, registry)
@@ -132,13 +133,13 @@ def gradients_in_ready_order(program, params_grads):
     return [GradientSync(p.name, p, g, g) for p, g in pairs]
 
 
-def check_knobs(strategy, registry=REGISTRY):
+def check_knobs(strategy, registry=None):
     """What compile rejects knowing only the strategy, before any program exists: a pass whose
     requirement is off, two enabled passes that conflict, and (under strict) a knob no pass reads.
 
     Returns (passes, enabled passes, [(knob, reason)] for the knobs compile will skip).
     """
-    passes = [cls(strategy) for cls in registry]
+    passes = [cls(strategy) for cls in (pass_registry.passes() if registry is None else registry)]
     enabled = [p for p in passes if p.enabled()]
     check_combination(enabled)
     unclaimed = unclaimed_under_strict(strategy, {field for p in passes for field in p.reads})

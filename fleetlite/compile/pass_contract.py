@@ -117,6 +117,11 @@ class Pass(abc.ABC):
         `sharding` for pto, not the pass's own name)."""
         return self.name
 
+    @staticmethod
+    def check_strategy(strategy, topology):
+        """Raise StrategyConflictError for field values this pass can never work with (topology is
+        None where validate() is called without one). Runs at every validate(), the pass on or off."""
+
     def config(self):
         """The strategy values this pass runs with, for the report."""
         return {name: read_field(self.strategy, name) for name in self.reads}

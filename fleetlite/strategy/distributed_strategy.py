@@ -7,7 +7,7 @@ and ranges name the allowed values), sections are live views, and loads replace 
 """
 import functools
 
-from fleetlite.strategy import knob_accounting, schema, files as strategy_files
+from fleetlite.strategy import files as strategy_files, knob_accounting, pass_registry, schema
 from fleetlite.data import settings as data_settings
 from fleetlite.errors import StrategyConflictError
 from fleetlite.proto import strategy_pb2
@@ -27,16 +27,6 @@ UNSUPPORTED = {
     "with_coordinator": "parameter-server modes are not supported (fleetlite is collective only)",
     "adam_d2sum": "parameter-server modes are not supported (fleetlite is collective only)",
 }
-
-# Checks that need more than one field, or the topology. Passes register theirs at import.
-_CROSS_FIELD_CHECKS = []
-
-
-def register_check(check):
-    """Add `check(strategy, topology_or_None)` to validate(); it raises StrategyConflictError."""
-    _CROSS_FIELD_CHECKS.append(check)
-    return check
-
 
 class DistributedStrategy:
     """How to train: every knob of the strategy schema, validated on each write."""
@@ -126,9 +116,7 @@ class DistributedStrategy:
                                             value=True, fix=f"set {field}: false")
         knob_accounting.check_conflicting_knobs(self)
         data_settings.check(self._proto.data_configs, topology)
-        _load_pass_checks()
-        for check in _CROSS_FIELD_CHECKS:
-            check(self, topology)
+        pass_registry.check_strategy(self, topology)
         return self
 
 
@@ -136,15 +124,6 @@ class DistributedStrategy:
 def _schema_defaults():
     """{dotted field: default} of the schema (fixed for the process; compile asks often)."""
     return schema.flatten(schema.to_dict(strategy_pb2.DistributedStrategy(), False))
-
-
-def _load_pass_checks():
-    """Import the pass registry: its modules register their cross-field checks at import, and
-    validate() must run them even where nothing has compiled yet (`fleetlite strategy validate`).
-    Imports Paddle, so only once the fields themselves are good (and without its ccache warning)."""
-    from fleetlite.paddle_compat import quiet_warnings as paddle_noise
-    with paddle_noise.importing_paddle():
-        import fleetlite.strategies  # noqa: F401
 
 
 def BuildStrategy():
