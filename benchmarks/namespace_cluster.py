@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetlite.launcher import ports
+from fleetlite.interprocess import tcp_ports
 from fleetlite.interprocess.process_liveness import process_exists
 from network_namespace import _exit_on_terminate, _run
 
@@ -240,7 +240,7 @@ class Cluster:
                  'hostname "$0" && exec "$@"', name, SSHD, "-D", "-e", "-f", str(config)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
         tables = (f"/proc/{host.sshd.pid}/net/tcp",)
-        if not ports.wait_until_listening(SSH_PORT, START_TIMEOUT_S, tables=tables):
+        if not tcp_ports.wait_until_listening(SSH_PORT, START_TIMEOUT_S, tables=tables):
             raise RuntimeError(f"sshd on {name} did not listen within {START_TIMEOUT_S} s: "
                                f"{(host.folder / 'sshd.log').read_text()[-500:]}")
 

@@ -27,10 +27,11 @@ import signal
 import sys
 import traceback
 
+from fleetlite.interprocess import tcp_ports
+from fleetlite.launcher import worker_records
 from fleetlite.paddle_compat import quiet_warnings as paddle_noise
 from fleetlite.runtime import collective_waits
 from fleetlite.topology import env_contract
-from fleetlite.launcher import ports, worker_records
 
 PR_SET_PDEATHSIG = 1
 STORE_WAIT_S = 60  # then connect anyway and let Paddle's own retries and errors speak
@@ -95,7 +96,7 @@ def _wait_for_store_first(distributed, port):
 
     @functools.wraps(original)
     def init_parallel_env(*args, **kwargs):
-        ports.wait_until_listening(port, STORE_WAIT_S)
+        tcp_ports.wait_until_listening(port, STORE_WAIT_S)
         return original(*args, **kwargs)
 
     distributed.init_parallel_env = init_parallel_env

@@ -1,65 +1,19 @@
-"""Which TCP ports this machine uses, and reserving one for a job's store.
+"""Reserving a TCP port for a job's store.
 
-Ports are read from /proc/net/tcp and tcp6, never probed with connect(): a connect() to a port
-in the ephemeral range can connect to itself and then hold the very port it tested (seen once
-in ~150 launches as a libuv abort in rank 0's store). A port counts as used when any socket on
-any local address has it, except in TIME_WAIT: Paddle's store binds 0.0.0.0 with SO_REUSEADDR,
-which those do not block (a job reuses its port back to back).
-
-Two fleetruns starting at the same moment both see a port free, so the choice is made
-exclusive with one lock file per port (flock: the kernel drops it when fleetrun exits, however
-it exits).
+Which ports are used is read from the kernel's tables (fleetlite.interprocess.tcp_ports), never
+probed with connect(). Two fleetruns starting at the same moment both see a port free, so the
+choice is made exclusive with one lock file per port (flock: the kernel drops it when fleetrun
+exits, however it exits).
 """
 import fcntl
 import os
 import tempfile
-import time
 
 from fleetlite.errors import LaunchError
+from fleetlite.interprocess.tcp_ports import TCP_TABLES, ports_in_use
 
-TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
-TIME_WAIT, LISTEN = "06", "0A"
 LOCK_DIR = os.path.join(tempfile.gettempdir(), "fleetlite-ports")
 LAST_PORT_BELOW_EPHEMERAL = 32767
-
-
-def parse_tcp_table(text):
-    """[(local port, state hex)] for the rows of a /proc/net/tcp-format table."""
-    rows = []
-    for line in text.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) > 3:
-            rows.append((int(fields[1].rpartition(":")[2], 16), fields[3]))
-    return rows
-
-
-def _rows(tables):
-    rows = []
-    for path in tables:
-        try:
-            with open(path) as table:
-                rows += parse_tcp_table(table.read())
-        except FileNotFoundError:  # no IPv6 on this machine
-            continue
-    return rows
-
-
-def ports_in_use(tables=TCP_TABLES):
-    return {port for port, state in _rows(tables) if state != TIME_WAIT}
-
-
-def is_listening(port, tables=TCP_TABLES):
-    return any(p == port and state == LISTEN for p, state in _rows(tables))
-
-
-def wait_until_listening(port, timeout, poll_interval=0.02, tables=TCP_TABLES):
-    """True once something listens on `port`, False when `timeout` seconds pass first."""
-    deadline = time.monotonic() + timeout
-    while not is_listening(port, tables):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(poll_interval)
-    return True
 
 
 class PortReservation:

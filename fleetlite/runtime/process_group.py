@@ -25,9 +25,9 @@ from paddle.distributed import parallel_helper
 from paddle.distributed.communication.group import Group, _add_new_group
 from paddle.distributed.parallel import _set_expected_place
 
-from fleetlite.topology.env_contract import worker_env
-from fleetlite.launcher import ports
 from fleetlite.errors import TopologyError
+from fleetlite.interprocess import tcp_ports
+from fleetlite.topology.env_contract import worker_env
 
 TIMEOUT_ENV = "FLEETLITE_INIT_TIMEOUT"
 DEFAULT_TIMEOUT = 120
@@ -85,7 +85,7 @@ def wait_for_endpoint(host, port, timeout, rank):
     On this machine the kernel's TCP table is read instead of connecting: a connect() to a port
     in the ephemeral range can connect to itself and then hold the very port rank 0 needs."""
     if ipaddress.ip_address(socket.gethostbyname(host)).is_loopback:
-        if ports.wait_until_listening(port, timeout):
+        if tcp_ports.wait_until_listening(port, timeout):
             return
         _unreachable(host, port, timeout, rank, "nothing listens there")
     deadline = time.monotonic() + timeout

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from fleetlite.errors import LaunchError
+from fleetlite.interprocess import tcp_ports
 from fleetlite.runtime import collective_waits
 from fleetlite.launcher import ports
 from fleetlite.launcher.collective_stall import Stall, StallWatch, find_stall, format_stall
@@ -150,9 +151,9 @@ def tcp_table(tmp_path):
 
 
 def test_ports_in_use_come_from_the_tcp_table_not_time_wait(tcp_table):
-    assert ports.parse_tcp_table(TCP_TABLE) == [(6170, "0A"), (6171, "01"), (6172, "06")]
-    assert ports.ports_in_use(tcp_table) == {6170, 6171}
-    assert ports.is_listening(6170, tcp_table) and not ports.is_listening(6171, tcp_table)
+    assert tcp_ports.parse_tcp_table(TCP_TABLE) == [(6170, "0A"), (6171, "01"), (6172, "06")]
+    assert tcp_ports.ports_in_use(tcp_table) == {6170, 6171}
+    assert tcp_ports.is_listening(6170, tcp_table) and not tcp_ports.is_listening(6171, tcp_table)
 
 
 def test_a_reserved_port_is_exclusive_until_released(tmp_path, tcp_table):
@@ -176,9 +177,9 @@ def test_wait_until_listening_sees_a_real_listener_and_has_a_deadline():
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         port = server.getsockname()[1]
-        assert not ports.wait_until_listening(port, timeout=0.1)
+        assert not tcp_ports.wait_until_listening(port, timeout=0.1)
         server.listen()
-        assert ports.wait_until_listening(port, timeout=5)
+        assert tcp_ports.wait_until_listening(port, timeout=5)
 
 
 # --- worker records --------------------------------------------------------------------------
