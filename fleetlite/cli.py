@@ -108,12 +108,12 @@ def build_parser():
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["run"]:   # everything after `run` is fleetrun's, --help included
+    if argv[:1] in (["run"], ["tune"]):   # everything after `run` is fleetrun's, --help included
+        from fleetlite import tuning
         from fleetlite.launcher.main import main as fleetrun
-        return fleetrun(argv[1:], prog="fleetlite run")
-    if argv[:1] == ["tune"]:
-        from fleetlite.launcher.main import main as fleetrun
-        return fleetrun(["--tune", *argv[1:]], prog="fleetlite tune")
+        if argv[0] == "run":
+            return fleetrun(argv[1:], prog="fleetlite run", tune=tuning.tune)
+        return fleetrun(["--tune", *argv[1:]], prog="fleetlite tune", tune=tuning.tune)
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args) or 0

@@ -1,5 +1,13 @@
+"""`fleetrun` and `python -m fleetlite.launcher`: the launcher, handed the tuner for --tune."""
 import sys
 
-from fleetlite.launcher.main import main
+from fleetlite import tuning
+from fleetlite.launcher import main as launcher
 
-sys.exit(main())
+
+def main():
+    return launcher.main(tune=tuning.tune)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,8 +1,11 @@
 """`fleetrun` (also `fleetlite run` and `python -m fleetlite.launcher`): flags -> spec ->
 pre-flight -> job (or, with --tune, the tuner's trial jobs).
 
-The only place that exits. Bad input ends with one line naming the cause and the fix, and exit
-status 2, before any process starts; otherwise the exit status is the root cause's.
+The tuner runs its trials as launcher jobs, so it sits above the launcher: the entry points hand
+it in (`tune`), and the launcher imports nothing of fleetlite/tuning/. Bad input ends with one
+line naming the cause and the fix, and exit status 2, before any process starts; otherwise the
+exit status is the root cause's. Only the entry points (`launcher/__main__.py`, `fleetlite
+run`/`tune`) exit, with what main returns.
 """
 import os
 import sys
@@ -17,7 +20,8 @@ from fleetlite.launcher.supervisor import StopRequest
 from fleetlite.launcher.transport import LocalTransport, SshTransport
 
 
-def main(argv=None, prog="fleetrun"):
+def main(argv=None, prog="fleetrun", tune=None):
+    """fleetrun's exit status; `tune(spec, environ, stop)` runs --tune (fleetlite.tuning.tune)."""
     environ = dict(os.environ)
     stop = StopRequest()
     stop.install()
@@ -31,7 +35,6 @@ def main(argv=None, prog="fleetrun"):
         if spec.explain:
             return explain(spec, environ)
         if spec.tune:
-            from fleetlite.tuning.tuner import tune
             return tune(spec, environ, stop)
         preflight = run_preflight(spec, environ)
         reservation = preflight.reservation
@@ -44,7 +47,3 @@ def main(argv=None, prog="fleetrun"):
     finally:
         if reservation:
             reservation.release()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,7 +13,7 @@ from typing import Callable, Optional, Tuple
 
 from fleetlite.errors import LaunchError
 from fleetlite.launcher.collective_stall import DEFAULT_STALL_TIMEOUT_S
-from fleetlite.tuning.options import TuneOptions, add_tune_options, tune_options
+from fleetlite.launcher.tune_flags import TuneOptions, add_tune_options, tune_options
 
 
 def _text(raw):

@@ -1,4 +1,8 @@
-"""The tuning flags fleetrun accepts next to its launch flags (`fleetrun --tune ...`)."""
+"""The tuning flags fleetrun accepts next to its launch flags (`fleetrun --tune ...`).
+
+They are launch flags, so they live with the launcher; the tuner (fleetlite/tuning/, above the
+launcher) reads the TuneOptions they become.
+"""
 import math
 from dataclasses import dataclass
 
