@@ -205,13 +205,11 @@ class Amp(Pass):
 
 class AmpLossScaling(Pass):
     name = "amp_loss_scaling"
+    knobs = ("amp",)
     phase = Phase.REDUCED_REWRITE
     requires = ("amp",)
     reads = ("amp_configs.incr_every_n_steps", "amp_configs.decr_every_n_nan_or_inf", "amp_configs.incr_ratio",
              "amp_configs.decr_ratio", "amp_configs.use_dynamic_loss_scaling")
-
-    def enabled(self):
-        return bool(self.strategy.amp)
 
     def applicable(self, topology, program):
         configs = self.strategy.amp_configs

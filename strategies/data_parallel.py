@@ -13,11 +13,9 @@ from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 class DataParallel(Pass):
     name = "data_parallel"
     decides_without_program = True
+    always_on = True
     phase = Phase.COMMUNICATION
     reads = ("gradient_scale_configs.scale_strategy",)
-
-    def enabled(self):
-        return True
 
     def applicable(self, topology, program):
         if topology.world_size == 1:

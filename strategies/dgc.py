@@ -228,12 +228,10 @@ class _Exchange:
 class DgcUpdate(Pass):
     """dgc's second half: the taken parameters' Momentum update becomes SGD on the exchange's output."""
     name = "dgc_update"
+    knobs = ("dgc",)
     phase = Phase.UPDATE_REWRITE
     requires = ("dgc",)
     reads = ("dgc",)
-
-    def enabled(self):
-        return bool(self.strategy.dgc)
 
     def apply(self, context):
         taken = [context.gradients[i] for i in sorted(context.exchanged)]

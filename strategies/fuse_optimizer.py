@@ -33,9 +33,6 @@ class FuseAllOptimizerOps(Pass):
     before = ("gradient_merge_update",)
     reads = ("build_strategy.fuse_all_optimizer_ops",)
 
-    def enabled(self):
-        return bool(self.strategy.build_strategy.fuse_all_optimizer_ops)
-
     def applicable(self, topology, program):
         updates = [op for op in program.global_block().ops if op.name() in UPDATE_OPS]
         groups = mergeable_groups(updates)

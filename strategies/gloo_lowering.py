@@ -29,10 +29,8 @@ ALL_REDUCE = ("pd_op.all_reduce", "pd_op.all_reduce_")
 class GlooLowering(Pass):
     name = "gloo_lowering"
     decides_without_program = True
+    always_on = True
     phase = Phase.LOWERING
-
-    def enabled(self):
-        return True
 
     def applicable(self, topology, program):
         if topology.device != "cpu":

@@ -64,12 +64,10 @@ class GradientMerge(Pass):
 
 class GradientMergeUpdate(Pass):
     name = "gradient_merge_update"
+    knobs = ("gradient_merge",)
     phase = Phase.UPDATE_REWRITE
     requires = ("gradient_merge",)
     reads = ("gradient_merge_configs.k_steps",)
-
-    def enabled(self):
-        return bool(self.strategy.gradient_merge)
 
     def apply(self, context):
         k_steps = self.strategy.gradient_merge_configs.k_steps

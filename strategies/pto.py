@@ -112,17 +112,12 @@ class Pto(Pass):
     check_strategy = staticmethod(sharding_degree_check)
     name = "pto"
     decides_without_program = True
+    knobs = ("pto", "sharding")
     phase = Phase.UPDATE_REWRITE
     before = ("build_strategy.fuse_all_optimizer_ops", "gradient_merge_update")
     reads = ("pto", "pto_configs.partition", "pto_configs.allgather_bucket_MB", "sharding",
              "sharding_configs.sharding_degree", "sharding_configs.stage", "sharding_configs.segment_broadcast_MB",
              "sharding_configs.sharding_segment_strategy")
-
-    def enabled(self):
-        return bool(self.strategy.pto or self.strategy.sharding)
-
-    def switched_on_by(self):
-        return "pto" if self.strategy.pto else "sharding"
 
     def applicable(self, topology, program):
         if topology.world_size == 1:

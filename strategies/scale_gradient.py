@@ -22,9 +22,6 @@ class ScaleGradient(Pass):
     requires = ("data_parallel",)
     reads = ("gradient_scale_configs.scale_gradient",)
 
-    def enabled(self):
-        return bool(self.strategy.gradient_scale_configs.scale_gradient)
-
     def applicable(self, topology, program):
         strategy = self.strategy.gradient_scale_configs.scale_strategy
         if strategy != "avg":

@@ -14,12 +14,10 @@ FLAG = "FLAGS_sync_nccl_allreduce"
 class SyncNcclAllReduce(Pass):
     name = "sync_nccl_allreduce"
     decides_without_program = True
+    always_on = True
     phase = Phase.EXECUTION
     requires = ("data_parallel",)
     reads = ("sync_nccl_allreduce",)
-
-    def enabled(self):
-        return True
 
     def applicable(self, topology, program):
         if topology.device != "gpu":

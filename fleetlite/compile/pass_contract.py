@@ -1,7 +1,9 @@
 """The pass contract: what a strategy pass declares, receives and returns.
 
 A pass is one strategy knob turned into a program rewrite. It declares
-- `name`: the strategy field that turns it on (implicit passes, always on, use their own name);
+- `name`: the strategy field that turns it on (a dotted one too), or its own name;
+- `knobs`: the fields that turn it on when they are not just `name` (a companion pass runs with
+  its main pass's knob; a pass with two Fleet spellings names both), or `always_on`;
 - `phase`: where it runs (see `Phase`), plus optional `after` / `before` pass names;
 - `requires`: passes that must be on for it to work (an error names both fields);
 - `conflicts`: {other pass: reason} for combinations that cannot work (an error, never a
@@ -104,18 +106,20 @@ class Pass(abc.ABC):
     conflicts = {}
     reads = ()
     decides_without_program = False   # applicable() reads the topology only: validate() may ask it (program None)
+    knobs = ()
+    always_on = False
 
     def __init__(self, strategy):
         self.strategy = strategy
 
     def enabled(self):
-        """Whether the user asked for this pass (by default: its field is truthy)."""
-        return bool(getattr(self.strategy, self.name))
+        """Whether the user asked for this pass: any of its knobs (default: its name) is truthy."""
+        return self.always_on or any(read_field(self.strategy, knob) for knob in self.knobs or (self.name,))
 
     def switched_on_by(self):
         """The field the user set to turn this pass on, which errors name (a Fleet alias such as
         `sharding` for pto, not the pass's own name)."""
-        return self.name
+        return next((knob for knob in self.knobs if read_field(self.strategy, knob)), self.name)
 
     @staticmethod
     def check_strategy(strategy, topology):
