@@ -21,7 +21,7 @@ from fleetlite.topology import foreign_launcher
 from fleetlite.base.role_maker import PaddleCloudRoleMaker, RoleMakerBase
 from fleetlite.runtime.collective_waits import waiting_in
 from fleetlite.topology.env_contract import EXPLAIN_ONLY
-from fleetlite.errors import FleetliteError, StrategyConflictError
+from fleetlite.errors import FleetliteError, ForeignLauncherError, ScriptDone, StrategyConflictError
 from fleetlite.runtime.job_values import JobValues
 from fleetlite.strategy.distributed_strategy import DistributedStrategy
 from fleetlite.tuning import trial_worker
@@ -36,7 +36,7 @@ def init(role_maker=None, is_collective=True, strategy=None, log_level=None):
     global _job
     refusal = foreign_launcher.refusal(os.environ, foreign_launcher.parent_argv(), sys.argv)
     if refusal:
-        raise SystemExit(refusal)
+        raise ForeignLauncherError(refusal)
     if role_maker is None:
         if not is_collective:
             raise StrategyConflictError("parameter-server training is not supported",
@@ -247,7 +247,7 @@ class DistributedOptimizer:
         self.compile_report = built.report
         if _explain_only():
             print(built.report.table(), flush=True)
-            raise SystemExit(0)
+            raise ScriptDone("fleetrun --explain: the compile report is printed")
         if self.topology.device == "gpu" and self.topology.world_size > 1:
             process_group.create_nccl_rings(built.report.rings, self.topology)
         if built.report.runtime_flags:

@@ -107,3 +107,15 @@ class DataError(FleetliteError, ValueError):
 class DataSettingsError(StrategyConflictError, DataError):
     """A `data_configs` setting no loader can honour: raised alike by `validate` (a strategy
     error, at the field's line) and by the loaders (a data error)."""
+
+
+class ForeignLauncherError(LaunchError):
+    """fleet.init in a worker that PaddlePaddle's own launcher started: the message names the
+    `fleetlite run` command that starts the same job."""
+
+
+class ScriptDone(BaseException):
+    """fleetlite has what it ran the user's script for (the compile report under `fleetrun
+    --explain`, a tuning trial's timed steps): the worker's entry point ends the script there,
+    with exit status 0. A BaseException, as SystemExit is, so a script's `except Exception`
+    does not swallow it."""

@@ -27,6 +27,7 @@ import signal
 import sys
 import traceback
 
+from fleetlite.errors import ScriptDone
 from fleetlite.interprocess import tcp_ports
 from fleetlite.launcher import worker_records
 from fleetlite.paddle_compat import quiet_warnings as paddle_noise
@@ -153,6 +154,8 @@ def main(argv=None, environ=os.environ):
     sys.path[0] = os.path.dirname(script)
     try:
         runpy.run_path(script, run_name="__main__")
+    except ScriptDone:
+        return 0
     except Exception as exc:
         text = with_fix(exc, _traceback_from(script, exc))
         sys.stderr.write(text)

@@ -14,6 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
+from fleetlite.errors import ScriptDone
 from fleetlite.strategy import schema
 from fleetlite.tuning.space import nested_fields
 
@@ -74,7 +75,7 @@ def install_step_timer(training, params_grads, strategy, topology, environ=os.en
         if seen[0] == warmup + steps:
             paddle.static.Executor.run = original
             record.write(sync_ms=measure_sync(shapes, strategy, topology, executor))
-            raise SystemExit(0)
+            raise ScriptDone("tuning trial: its steps are timed")
         return out
 
     paddle.static.Executor.run = timed_run

@@ -56,8 +56,9 @@ def test_explain_only_prints_the_report_and_trains_nothing(tmp_path):
     result = tmp_path / "result.json"
     env = {**os.environ, **worker_env(Topology.grid(4, 2, base_port=free_port())), EXPLAIN_ONLY: "1",
            RESULT_ENV: str(result)}
-    run = subprocess.run([sys.executable, str(API_WORKER), "minimize_only"], env=env, capture_output=True,
-                         text=True, timeout=60)
+    # through the worker's bootstrap, as fleetrun starts it: it ends the script where minimize is done
+    run = subprocess.run([sys.executable, "-m", "fleetlite.launcher.bootstrap", str(API_WORKER), "minimize_only"],
+                         env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("fleetlite compile report: rank 0/4 (local 0/2, node 0/2, cpu, gloo)")
     assert "gloo_lowering" in run.stdout and not result.exists()

@@ -20,7 +20,7 @@ from fleetlite.runtime import checkpoint
 from fleetlite.topology import foreign_launcher
 from fleetlite.base.role_maker import PaddleCloudRoleMaker, Role, UserDefinedRoleMaker
 from fleetlite.topology.env_contract import LAUNCHER_PID, worker_env
-from fleetlite.errors import FleetliteError, StrategyConflictError, TopologyError
+from fleetlite.errors import FleetliteError, ForeignLauncherError, StrategyConflictError, TopologyError
 from fleetlite.fleet_surface import UNSUPPORTED
 from fleetlite.runtime.job_values import JobValues
 from fleetlite.topology.topology import Topology
@@ -131,8 +131,10 @@ def test_paddles_own_launcher_is_refused_in_one_line_naming_the_fix(tmp_path):
                 f"plog {SURFACE} out")
     last_lines = [(tmp_path / "plog" / f"workerlog.{rank}").read_text().rstrip().splitlines()[-1]
                   for rank in (0, 1)]
-    assert expected in last_lines            # Paddle's launcher SIGTERMs the other worker at once,
-    assert expected in run.stdout + run.stderr   # and shows the failed worker's log
+    # fleet.init raises it (library code exits nothing): the script's traceback ends in that line.
+    # Paddle's launcher SIGTERMs the other worker at once, and shows the failed worker's log.
+    assert f"fleetlite.errors.ForeignLauncherError: {expected}" in last_lines
+    assert expected in run.stdout + run.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -170,12 +172,12 @@ def test_the_fix_is_fleetlite_run_with_the_launchers_own_arguments(launcher_argv
     assert foreign_launcher.rerun_command(launcher_argv, ["t.py", "--lr", "0.1"]) == command
 
 
-def test_init_under_paddles_launcher_exits_with_that_one_line(monkeypatch):
+def test_init_under_paddles_launcher_raises_that_one_line(monkeypatch):
     monkeypatch.setattr(os, "environ", dict(PADDLE_LAUNCH_ENV))
     monkeypatch.setattr(foreign_launcher, "parent_argv", lambda: ["python", "-m", "paddle.distributed.launch",
                                                                   "--nproc_per_node", "2", "t.py"])
     monkeypatch.setattr(sys, "argv", ["t.py"])
-    with pytest.raises(SystemExit, match=r"start the job with: fleetlite run --nproc_per_node 2 t\.py$"):
+    with pytest.raises(ForeignLauncherError, match=r"start the job with: fleetlite run --nproc_per_node 2 t\.py$"):
         fleet.init(is_collective=True)
 
 
