@@ -62,9 +62,7 @@ def explain(args):
     topology = Topology.grid(args.world, args.nodes, rank=args.rank, device=args.device)
     from fleetlite.paddle_compat import quiet_warnings as paddle_noise
     with paddle_noise.importing_paddle():     # Paddle is imported only once the input is good
-        import paddle
         from fleetlite.runtime.explain_strategy import explain as compile_report
-    paddle_noise.drop_empty_out(paddle._C_ops)
     report = compile_report(strategy, topology, args.model)
     print(report.to_json() if args.json else report.table())
 

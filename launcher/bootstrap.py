@@ -108,7 +108,6 @@ def instrument_paddle(paddle, environ):
     # Paddle's fatal-signal handler turns fleetrun's SIGTERM into a C++ "FatalError: Termination
     # signal" report, which would read like a crash in the log of every rank that was only stopped.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    paddle_noise.drop_empty_out(paddle._C_ops)
     progress_file = environ.get(env_contract.PROGRESS_FILE)
     if progress_file:
         progress = worker_records.ProgressWriter(progress_file)
