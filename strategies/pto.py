@@ -1,4 +1,5 @@
-"""pto (and Fleet's `sharding`, stage 1): each rank updates 1/N of the parameters, then shares them.
+"""pto, parallel tensor operations (and Fleet's `sharding`, stage 1): each rank updates 1/N of the
+parameters, then shares them.
 
 After the gradient all-reduce every rank holds the same reduced gradients and would run the
 same optimizer update. This pass splits the parameters into N parts (`plan_partition`:
