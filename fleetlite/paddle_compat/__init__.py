@@ -1,1 +1,6 @@
-"""Every workaround for the installed Paddle, each gated on its version."""
+"""Every workaround for the installed Paddle, each gated on its version (version_gate).
+
+version_check: refuse a Paddle older than 3 before anything imports it; quiet_warnings: two
+start-up warnings held where they start, one glog line left out of fleetrun's console;
+value_clip: the ClipGradByValue that Paddle 3.3 cannot build into a PIR program.
+"""

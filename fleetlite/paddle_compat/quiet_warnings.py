@@ -21,11 +21,13 @@ before the script imports Paddle).
 import contextlib
 import warnings
 
+from fleetlite.paddle_compat.version_gate import needed
+
 CCACHE = "No ccache found"
 PLACE = "Tensor do not have 'place' interface for pir graph mode"
 EMPTY_OUT = "Paddle static graph(PIR) not support input out tensor"
 # worker log lines fleetrun's console does not show (the log files keep them)
-CONSOLE_DROPPED = (EMPTY_OUT,)
+CONSOLE_DROPPED = (EMPTY_OUT,) if needed("out tensor glog line") else ()
 
 
 @contextlib.contextmanager
@@ -37,9 +39,13 @@ def _holding(message, **where):
 
 def importing_paddle():
     """Around the execution of Paddle's top module: hold its "No ccache found" warning."""
+    if not needed("ccache warning"):
+        return contextlib.nullcontext()
     return _holding(CCACHE, module=r"paddle\.utils\.cpp_extension")
 
 
 def differentiating():
     """Around the optimizer's backward: hold the warning of Paddle seeding the loss gradient."""
+    if not needed("place warning"):
+        return contextlib.nullcontext()
     return _holding(PLACE)

@@ -11,6 +11,8 @@ import contextlib
 
 import paddle
 
+from fleetlite.paddle_compat.version_gate import needed
+
 
 @contextlib.contextmanager
 def buildable(optimizer):
@@ -27,7 +29,7 @@ def buildable(optimizer):
 
 
 def _pir_clip_missing(clip):
-    return isinstance(clip, paddle.nn.ClipGradByValue) and type(clip)._pir_clip is paddle.nn.ClipGradByValue._pir_clip
+    return needed("PIR value clip") and isinstance(clip, paddle.nn.ClipGradByValue) and type(clip)._pir_clip is paddle.nn.ClipGradByValue._pir_clip
 
 
 class ValueClip:

@@ -1,0 +1,64 @@
+"""Canaries: each workaround in fleetlite/paddle_compat/ is for a problem of the installed Paddle.
+Each test shows the problem is still there, without the workaround; once one fails, Paddle fixed
+it: delete the workaround and its entry in version_gate.LAST_NEEDED.
+
+Also: the gate itself (a workaround stands aside on a Paddle release after its last needed one).
+"""
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+
+import paddle
+import pytest
+
+from fleetlite.paddle_compat import quiet_warnings, version_gate
+
+
+def _installed_release_is_gated(workaround):
+    assert version_gate.needed(workaround), (
+        f"the installed Paddle is past version_gate.LAST_NEEDED[{workaround!r}]: run this canary on it and "
+        f"move the bound, or delete the workaround")
+
+
+def test_a_workaround_stands_aside_after_its_last_needed_release():
+    assert version_gate.needed("ccache warning", {"paddlepaddle": "3.3.1"})
+    assert not version_gate.needed("ccache warning", {"paddlepaddle": "3.4.0"})
+    assert version_gate.needed("ccache warning", {"paddlepaddle": "0.0.0"})        # a develop build: unknown
+    assert version_gate.needed("ccache warning", {})
+
+
+@pytest.mark.skipif(shutil.which("ccache") is not None, reason="ccache is installed: Paddle has nothing to warn about")
+def test_importing_paddle_still_warns_that_ccache_is_missing():
+    _installed_release_is_gated("ccache warning")
+    run = subprocess.run([sys.executable, "-W", "always", "-c", "import paddle"], capture_output=True, text=True,
+                         timeout=120)
+    assert quiet_warnings.CCACHE in run.stderr
+
+
+def test_static_backward_still_asks_the_loss_for_its_place():
+    _installed_release_is_gated("place warning")
+    paddle.enable_static()
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with warnings.catch_warnings(record=True) as seen, paddle.static.program_guard(main, startup):
+        warnings.simplefilter("always")
+        x = paddle.static.data("x", [4, 3], "float32")
+        loss = paddle.mean(paddle.nn.Linear(3, 1)(x))
+        paddle.optimizer.SGD(0.1).backward(loss)
+    assert any(quiet_warnings.PLACE in str(w.message) for w in seen)
+
+
+def test_a_static_mean_still_logs_the_out_tensor_glog_line():
+    _installed_release_is_gated("out tensor glog line")
+    script = ("import paddle; paddle.enable_static(); "
+              "paddle.mean(paddle.static.data('x', [4, 3], 'float32'))")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "GLOG_minloglevel": "0"})
+    assert quiet_warnings.EMPTY_OUT in run.stderr
+
+
+def test_clip_grad_by_value_still_cannot_build_a_pir_clip():
+    _installed_release_is_gated("PIR value clip")
+    with pytest.raises(NotImplementedError):
+        paddle.nn.ClipGradByValue(1.0)._pir_clip([])
