@@ -16,11 +16,12 @@ from fleetlite.version import __version__  # noqa: E402
 # Names that load on first use, so that fleetrun and each worker's bootstrap (which import this
 # package) start without them: the strategy schema (protobuf, YAML) and the role makers cost a
 # few tenths of a second, the training API imports Paddle (about a second).
-_LAZY = {"DistributedStrategy": "fleetlite.strategy.distributed_strategy", "BuildStrategy": "fleetlite.strategy.distributed_strategy",
+_LAZY = {"DistributedStrategy": "fleetlite.strategy.distributed_strategy",
+         "BuildStrategy": "fleetlite.strategy.distributed_strategy",
          "ExecutionStrategy": "fleetlite.strategy.distributed_strategy", "Topology": "fleetlite.topology.topology",
          "PaddleCloudRoleMaker": "fleetlite.base.role_maker", "Role": "fleetlite.base.role_maker",
          "UserDefinedRoleMaker": "fleetlite.base.role_maker"}
-# Public modules by their documented name (`fleetlite.compression.topk_select.mstopk(x, k)`), wherever their file lives.
+# Public modules by their documented name (`fleet.topk.mstopk(x, k)`), wherever their file lives.
 _MODULES = {"topk": "fleetlite.compression.topk_select"}
 _API = ("init", "distributed_optimizer", "DistributedOptimizer", "worker_index", "worker_num",
         "is_first_worker", "worker_endpoints", "local_rank", "local_size", "node_num",

@@ -172,7 +172,8 @@ class Amp(Pass):
         white, black = op_lists(configs)
         guarded = amp_level == "O2" and configs.use_fp16_guard
         if guarded and not any(op.has_attr(mixed_precision.FP16_GUARD) for op in ops):
-            raise CompileError("use_fp16_guard is on but no op was built under fleetlite.compile.mixed_precision.fp16_guard() "
+            raise CompileError("use_fp16_guard is on but no op was built under "
+                               "fleetlite.compile.mixed_precision.fp16_guard() "
                                "(Paddle 3's paddle.static.amp.fp16_guard leaves no mark on PIR ops); wrap the ops "
                                "to run in low precision, or set amp_configs.use_fp16_guard: false")
         black_values, loss_ops = set(configs.custom_black_varnames), loss_computation(loss)

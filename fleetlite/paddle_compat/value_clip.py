@@ -29,7 +29,8 @@ def buildable(optimizer):
 
 
 def _pir_clip_missing(clip):
-    return needed("PIR value clip") and isinstance(clip, paddle.nn.ClipGradByValue) and type(clip)._pir_clip is paddle.nn.ClipGradByValue._pir_clip
+    return (needed("PIR value clip") and isinstance(clip, paddle.nn.ClipGradByValue)
+            and type(clip)._pir_clip is paddle.nn.ClipGradByValue._pir_clip)
 
 
 class ValueClip:

@@ -6,7 +6,8 @@ import sys
 
 from fleetlite.paddle_compat import version_check as paddle_check
 
-HEAVY = ("paddle", "fleetlite.strategy.distributed_strategy", "fleetlite.api", "yaml", "google.protobuf", "importlib.metadata")
+HEAVY = ("paddle", "fleetlite.strategy.distributed_strategy", "fleetlite.api", "yaml", "google.protobuf",
+         "importlib.metadata")
 
 
 def test_fleetrun_and_the_bootstrap_start_without_paddle_or_the_strategy_schema():

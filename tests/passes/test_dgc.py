@@ -76,7 +76,8 @@ def sequence(ops):
 
 
 def mstopk_ops(numel, k):
-    """The ops fleetlite.compression.topk_select.mstopk builds for a [numel] float32 value (its finite flag's data op aside)."""
+    """The ops fleetlite.compression.topk_select.mstopk builds for a [numel] float32 value (its finite
+    flag's data op aside)."""
     program = paddle.static.Program()
     with paddle.static.program_guard(program, paddle.static.Program()):
         topk.mstopk(paddle.static.data("v", [numel], "float32"), k)
