@@ -16,14 +16,14 @@ import sys
 
 import paddle
 
-from fleetlite.runtime import checkpoint, process_group, sharded_state, steps_per_run, training_program
-from fleetlite.topology import foreign_launcher
 from fleetlite.base.role_maker import PaddleCloudRoleMaker, RoleMakerBase
+from fleetlite.errors import FleetliteError, ForeignLauncherError, StrategyConflictError
+from fleetlite.runtime import checkpoint, process_group, sharded_state
 from fleetlite.runtime.collective_waits import waiting_in
-from fleetlite.topology.env_contract import EXPLAIN_ONLY
-from fleetlite.errors import FleetliteError, ForeignLauncherError, ScriptDone, StrategyConflictError
+from fleetlite.runtime.distributed_optimizer import DistributedOptimizer, explain_only
 from fleetlite.runtime.job_values import JobValues
 from fleetlite.strategy.distributed_strategy import DistributedStrategy
+from fleetlite.topology import foreign_launcher
 from fleetlite.tuning import trial_worker
 
 _job = None   # (Topology, DistributedStrategy or None) once init() ran
@@ -50,13 +50,9 @@ def init(role_maker=None, is_collective=True, strategy=None, log_level=None):
     topology = role_maker.topology(os.environ)
     if strategy is not None:
         strategy.validate(topology)
-    if not _explain_only():
+    if not explain_only():
         process_group.bring_up(topology, process_group.init_timeout())
     _job = (topology, strategy)
-
-
-def _explain_only():
-    return os.environ.get(EXPLAIN_ONLY) == "1"
 
 
 def _topology():
@@ -215,7 +211,8 @@ def distributed_optimizer(optimizer, strategy=None):
     global _optimizer
     topology = _topology()
     strategy = trial_worker.override(strategy or _job[1] or DistributedStrategy())
-    _optimizer = DistributedOptimizer(optimizer, strategy.validate(topology), topology)
+    _optimizer = DistributedOptimizer(optimizer, strategy.validate(topology), topology,
+                                      after_minimize=trial_worker.install_step_timer)
     return _optimizer
 
 
@@ -224,49 +221,3 @@ def minimize(loss, startup_program=None, parameter_list=None, no_grad_set=None):
     if _optimizer is None:
         raise FleetliteError("fleet.minimize needs fleet.distributed_optimizer(optimizer) first")
     return _optimizer.minimize(loss, startup_program, parameter_list, no_grad_set)
-
-
-class DistributedOptimizer:
-    """The inner optimizer plus the data-parallel rewrite; other attributes pass through."""
-
-    def __init__(self, optimizer, strategy, topology):
-        self.inner_opt = optimizer
-        self.user_defined_strategy = strategy
-        self.topology = topology
-        self.compile_report = None
-        self._program = None        # the training program minimize() built
-
-    def __getattr__(self, name):
-        if name == "inner_opt":          # not set yet (e.g. during copy): do not recurse
-            raise AttributeError(name)
-        return getattr(self.inner_opt, name)
-
-    def minimize(self, loss, startup_program=None, parameter_list=None, no_grad_set=None):
-        built = training_program.build(loss, self.inner_opt, self.user_defined_strategy, self.topology,
-                                       startup_program, parameter_list, no_grad_set)
-        self.compile_report = built.report
-        if _explain_only():
-            print(built.report.table(), flush=True)
-            raise ScriptDone("fleetrun --explain: the compile report is printed")
-        if self.topology.device == "gpu" and self.topology.world_size > 1:
-            process_group.create_nccl_rings(built.report.rings, self.topology)
-        if built.report.runtime_flags:
-            paddle.set_flags(built.report.runtime_flags)
-        self._program = loss.block.program
-        trial_worker.install_step_timer(self._program, built.params_grads, self.user_defined_strategy,
-                                        self.topology)
-        if self.topology.rank == 0:
-            print(built.report.table(), flush=True)
-        return built.optimize_ops, built.params_grads
-
-    def prepare_executor(self, executor):
-        """Set up `executor` for the program `minimize` built; returns it.
-
-        With `execution_strategy.num_iteration_per_run` N > 1, each `executor.run` of that program
-        then takes N batches stacked along axis 0, runs N steps and fetches N values per target
-        (see steps_per_run; run the startup program before, or with another executor).
-        """
-        if self._program is None:
-            raise FleetliteError("prepare_executor() needs the program minimize() builds: call minimize() first")
-        steps = self.user_defined_strategy.execution_strategy.num_iteration_per_run
-        return steps_per_run.install(executor, self._program, steps) if steps > 1 else executor
