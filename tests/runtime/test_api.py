@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import fleetlite as fleet
+from fleetlite import api
 from fleetlite.topology.env_contract import EXPLAIN_ONLY, worker_env
 from fleetlite.topology.topology import Topology
 from multiprocess import RESULT_ENV, JobFailed, free_port, run_job
@@ -64,7 +65,8 @@ def test_explain_only_prints_the_report_and_trains_nothing(tmp_path):
     assert "gloo_lowering" in run.stdout and not result.exists()
 
 
-def test_api_misuse_is_an_error():
+def test_api_misuse_is_an_error(monkeypatch):
+    monkeypatch.setattr(api, "_job", None)     # a process where init has not run (other tests call it)
     with pytest.raises(fleet.FleetliteError, match="pass one of fleetlite's role makers"):
         fleet.init(role_maker=object())
     with pytest.raises(fleet.StrategyConflictError, match="parameter-server training is not supported"):
