@@ -76,7 +76,7 @@ def topk(density, error_feedback=True, warmup_steps=0):
 
 
 def hierarchical_topk(density):
-    """Top-k exchanged in two levels (strategies/topk.py); needs ranks on several nodes, so it is
+    """Top-k exchanged in two levels (strategies/topk_exchange.py); needs ranks on several nodes, so it is
     in no single-host sweep (no family). Its formula is None: on CPU its rings run on ring 0."""
     return Exchange(f"hierarchical_topk_{density:g}", {"topk": True, "topk_configs": {
         "density": density, "hierarchical": True}})

@@ -22,7 +22,7 @@ _LAZY = {"DistributedStrategy": "fleetlite.strategy.distributed_strategy",
          "PaddleCloudRoleMaker": "fleetlite.base.role_maker", "Role": "fleetlite.base.role_maker",
          "UserDefinedRoleMaker": "fleetlite.base.role_maker"}
 # Public modules by their documented name (`fleet.topk.mstopk(x, k)`), wherever their file lives.
-_MODULES = {"topk": "fleetlite.compression.topk_select"}
+_MODULES = {"topk": "fleetlite.topk"}
 _API = ("init", "distributed_optimizer", "DistributedOptimizer", "worker_index", "worker_num",
         "is_first_worker", "worker_endpoints", "local_rank", "local_size", "node_num",
         "barrier_worker", "rank", "nranks", "world_size", "rank_in_node", "util", "all_reduce",

@@ -24,7 +24,7 @@ from fleetlite.strategies.pto import Pto
 from fleetlite.strategies.scale_gradient import ScaleGradient
 from fleetlite.strategies.sync_batch_norm import SyncBatchNorm
 from fleetlite.strategies.sync_nccl_allreduce import SyncNcclAllReduce
-from fleetlite.strategies.topk import TopkExchange
+from fleetlite.strategies.topk_exchange import TopkExchange
 
 REGISTRY = (
     DataParallel,

@@ -48,7 +48,7 @@ from fleetlite.errors import CompileError, StrategyConflictError
 from fleetlite.compression.sparse_exchange import INDEX_BYTES, IN_ORDER
 from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 from fleetlite.strategies.pto import remove_startup_state
-from fleetlite.strategies.topk import TAKEN_DTYPES, fraction_sent
+from fleetlite.strategies.topk_exchange import TAKEN_DTYPES, fraction_sent
 
 MIN_NUMEL = 16384                 # Fleet's DGC takes parameters of at least this many elements
 DEFAULT_SPARSITY = (0.999,)       # Fleet's default when dgc_configs.sparsity is empty

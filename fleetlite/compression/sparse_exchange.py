@@ -1,4 +1,4 @@
-"""What the sparse gradient exchanges (strategies/topk.py, strategies/dgc.py) build the same way.
+"""What the sparse gradient exchanges (strategies/topk_exchange.py, strategies/dgc.py) build the same way.
 
 - `gather_and_scatter_add`: every rank's selected (values, indices) all-gathered on a ring (ring 0
   for the world) and added by index into a dense tensor. Each rank adds the gathered pairs in the

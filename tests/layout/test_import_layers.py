@@ -1,30 +1,24 @@
 """Folders are layers: no import of the library, however lazy, walks back up (STYLE.md rule 14).
 
 Reads every import statement of fleetlite/, launcher/ and strategies/ (module level and inside
-functions), places `launcher/` and `strategies/` where setup.cfg installs them
+functions), places `launcher/` and `strategies/` where setup.py installs them
 (`fleetlite.launcher`, `fleetlite.strategies`), and fails on any cycle between rooms: a
 sub-package of fleetlite (`fleetlite.compile`) or a module at its root (`fleetlite.errors`).
 A `__main__` module is an entry point: nothing imports it, so its imports close no loop (the
 launcher's hands the tuner, which sits above the launcher, to the launcher).
 """
 import ast
-import configparser
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def installed_folders():
-    """{package: folder} for fleetlite and the packages setup.cfg maps to folders of their own."""
-    config = configparser.ConfigParser()
-    config.read(ROOT / "setup.cfg")
-    mapping = config.get("options", "package_dir", fallback="")
-    folders = {"fleetlite": "fleetlite"}
-    for line in mapping.splitlines():
-        if "=" in line:
-            package, folder = (part.strip() for part in line.split("=", 1))
-            folders[package or "fleetlite"] = folder
-    return folders
+    """{package: folder} for fleetlite and the packages setup.py maps to folders of their own
+    (its MAPPED_FOLDERS, read without running setup.py)."""
+    mapped = next(node.value for node in ast.parse((ROOT / "setup.py").read_text()).body
+                  if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["MAPPED_FOLDERS"])
+    return {"fleetlite": "fleetlite", **ast.literal_eval(mapped)}
 
 
 def library_modules():

@@ -109,7 +109,7 @@ def test_every_fleetlite_module_imports_from_the_installed_wheel(installed):
     result = run([str(installed.python), "-c", IMPORT_EVERY_MODULE], installed.empty, 120, installed.env)
     imported = json.loads(result.stdout.splitlines()[-1])
     assert imported["failed"] == []
-    assert {"fleetlite.tuning.tuner", "fleetlite.launcher.main", "fleetlite.strategies.topk"} <= set(imported["files"])
+    assert {"fleetlite.tuning.tuner", "fleetlite.launcher.main", "fleetlite.strategies.topk_exchange"} <= set(imported["files"])
     outside = {name: file for name, file in imported["files"].items() if not file.startswith(str(installed.site))}
     assert outside == {}, f"modules not from the installed wheel in {installed.site}"
 

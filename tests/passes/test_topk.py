@@ -19,7 +19,7 @@ from fleetlite import CompileError, DistributedStrategy, StrategyConflictError, 
 from fleetlite.compile import compiler, invariants, program_edit
 from fleetlite.runtime import training_program
 from fleetlite.compile.ring_table import RingTable
-from fleetlite.strategies.topk import RESIDUAL_SUFFIX, Levels
+from fleetlite.strategies.topk_exchange import RESIDUAL_SUFFIX, Levels
 from multiprocess import run_job
 from workers.in_process import strategy
 from workers.models import compiled_program, loss

@@ -21,7 +21,7 @@ import fleetlite as fleet  # noqa: E402
 from fleetlite.compile import program_edit  # noqa: E402
 from fleetlite.compression import mstopk_kernel  # noqa: E402
 from fleetlite.api import _topology  # noqa: E402
-from fleetlite.strategies.topk import RESIDUAL_SUFFIX  # noqa: E402
+from fleetlite.strategies.topk_exchange import RESIDUAL_SUFFIX  # noqa: E402
 from workers import case_runner, models  # noqa: E402
 
 ROWS, STEPS, HIDDEN, LEARNING_RATE = 16, 6, 300, 0.1
