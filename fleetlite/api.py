@@ -21,6 +21,8 @@ from fleetlite.base.role_maker import PaddleCloudRoleMaker, RoleMakerBase
 from fleetlite.env_contract import EXPLAIN_ONLY
 from fleetlite.errors import FleetliteError, StrategyConflictError
 from fleetlite.job_values import JobValues
+from fleetlite.runtime.optimizer_state import CompiledOptimizerState
+from fleetlite.runtime.train_step import TrainStep
 from fleetlite.strategy import DistributedStrategy
 from fleetlite.tuning import trial_worker
 
@@ -222,6 +224,21 @@ def minimize(loss, startup_program=None, parameter_list=None, no_grad_set=None):
     return _optimizer.minimize(loss, startup_program, parameter_list, no_grad_set)
 
 
+def distributed_model(model):
+    """Fleet's `distributed_model` for dygraph scripts: the eager Layer itself, still usable
+    eagerly; `fleet.train_step(model, loss_fn, opt)` trains it data parallel (docs/dygraph.md)."""
+    _topology()
+    return model
+
+
+def train_step(model, loss_fn, optimizer):
+    """`step(*batch) -> loss`: one compiled data-parallel training step of the eager `model` (the
+    loss is `loss_fn(model, *batch)`); see fleetlite.runtime.train_step and docs/dygraph.md."""
+    if not isinstance(optimizer, DistributedOptimizer):
+        optimizer = distributed_optimizer(optimizer)
+    return TrainStep(model, loss_fn, optimizer, util)
+
+
 class DistributedOptimizer:
     """The inner optimizer plus the data-parallel rewrite; other attributes pass through."""
 
@@ -231,6 +248,7 @@ class DistributedOptimizer:
         self.topology = topology
         self.compile_report = None
         self._program = None        # the training program minimize() built
+        self.compiled_state = CompiledOptimizerState(optimizer)   # what fleet.train_step's program holds
 
     def __getattr__(self, name):
         if name == "inner_opt":          # not set yet (e.g. during copy): do not recurse
@@ -254,6 +272,17 @@ class DistributedOptimizer:
         if self.topology.rank == 0:
             print(built.report.table(), flush=True)
         return built.optimize_ops, built.params_grads
+
+    def state_dict(self):
+        """The optimizer's state; in a script trained by fleet.train_step, its compiled program's."""
+        return self.compiled_state.state_dict() if self.compiled_state.bound else self.inner_opt.state_dict()
+
+    def set_state_dict(self, state_dict):
+        """Load `state_dict`; in a dygraph script it is also what fleet.train_step's program starts from."""
+        if paddle.in_dynamic_mode():
+            self.compiled_state.set_state_dict(state_dict)
+        if not self.compiled_state.bound:
+            self.inner_opt.set_state_dict(state_dict)
 
     def prepare_executor(self, executor):
         """Set up `executor` for the program `minimize` built; returns it.

@@ -102,3 +102,7 @@ class LaunchError(FleetliteError):
 
 class DataError(FleetliteError, ValueError):
     """A dataset, sampler or record file that cannot give every rank its batches as asked."""
+
+
+class DygraphError(FleetliteError):
+    """A dygraph script asked for something fleet.train_step or fleet's eager loop cannot do."""

@@ -1,0 +1,1 @@
+"""What runs a compiled job: the dygraph train step and the state it shares with eager code."""

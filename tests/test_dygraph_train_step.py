@@ -1,0 +1,109 @@
+"""fleet.train_step trains eager models through the compiled program (docs/dygraph.md).
+
+Parity: one fleetrun job of 2 ranks (rank r feeds rows r::2) and one of 1 process run every
+case of workers/dygraph_worker.py; each rank trains beside a plain-Paddle eager reference on the
+full batch from rank 0's initial values, and the mean of the ranks' losses, every rank's eager
+parameters and buffers (batch-norm statistics included) and its eager eval output must equal the
+reference to 1e-5. Resume: 3 steps, paddle.save of model and optimizer, load into fresh objects,
+3 steps equals 6 uninterrupted steps. The refusals run in this process (one rank).
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import paddle
+import pytest
+
+import fleetlite as fleet
+from fleetlite.errors import DygraphError
+from multiprocess import clean_environment
+from workers import dygraph_worker, models
+
+WORKER = Path(__file__).resolve().parent / "workers" / "dygraph_worker.py"
+TOLERANCE = 1e-5
+WORLDS = (1, 2)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """{world: [each rank's result]} of one fleetrun job per world size."""
+    results = {}
+    for world in WORLDS:
+        out = tmp_path_factory.mktemp(f"dygraph{world}")
+        run = subprocess.run([sys.executable, "-m", "fleetlite.cli", "run", "--nproc_per_node", str(world),
+                              "--log_dir", str(out / "log"), str(WORKER), str(out)],
+                             cwd=out, env=clean_environment(), capture_output=True, text=True, timeout=150)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        results[world] = [json.loads((out / f"result.{rank}.json").read_text()) for rank in range(world)]
+    return results
+
+
+@pytest.mark.parametrize("case", dygraph_worker.CASES)
+@pytest.mark.parametrize("world", WORLDS)
+def test_train_step_trains_like_eager_paddle_on_the_full_batch(jobs, world, case):
+    ranks = [result[case] for result in jobs[world]]
+    mean_loss = np.mean([rank["losses"] for rank in ranks], axis=0)
+    np.testing.assert_allclose(mean_loss, ranks[0]["reference_losses"], rtol=0, atol=TOLERANCE)
+    for rank, result in enumerate(ranks):
+        assert result["param_diff"] <= TOLERANCE, f"rank {rank}: eager state {result['param_diff']} off"
+        assert result["eval_diff"] <= TOLERANCE, f"rank {rank}: eager eval output {result['eval_diff']} off"
+    assert len({rank["digest"] for rank in ranks}) == 1, "the ranks' eager models differ"
+
+
+def test_the_batch_norm_statistics_are_part_of_the_compared_state(jobs):
+    names = jobs[2][0]["convbn_sync_batch_norm"]["state_names"]
+    assert "norm._mean" in names and "norm._variance" in names
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_resuming_from_paddle_save_equals_training_straight_through(jobs, world):
+    for rank, result in enumerate(jobs[world]):
+        resumed = result["resume"]
+        np.testing.assert_allclose(resumed["losses"], resumed["straight_losses"], rtol=0, atol=TOLERANCE)
+        assert resumed["param_diff"] <= TOLERANCE, f"rank {rank}"
+        assert result["dynamic_mode"] is True
+
+
+@pytest.fixture()
+def one_rank():
+    fleet.init(is_collective=True)
+    paddle.seed(1)
+    model = fleet.distributed_model(models.Mlp())
+    x, y = models.digits(8)
+    return model, x, y
+
+
+def test_a_batch_of_another_size_runs_and_another_feature_shape_is_refused(one_rank):
+    model, x, y = one_rank
+    step = fleet.train_step(model, dygraph_worker.loss_fn, paddle.optimizer.SGD(0.1, parameters=model.parameters()))
+    step(x, y)
+    assert np.isfinite(float(step(x[:3], y[:3])))                 # a short last batch: same program
+    with pytest.raises(DygraphError, match=r"compiled for inputs \[batch, 64\] float32, \[batch, 1\] int64 and got "
+                                           r"\[batch, 32\] float32, \[batch, 1\] int64: only the batch dimension"):
+        step(x[:, :32], y)
+
+
+def test_parameter_groups_are_refused(one_rank):
+    model, x, y = one_rank
+    groups = [{"params": model.hidden.parameters(), "learning_rate": 0.1}, {"params": model.out.parameters()}]
+    with pytest.raises(DygraphError, match="does not support parameter groups"):
+        fleet.train_step(model, dygraph_worker.loss_fn, paddle.optimizer.SGD(0.1, parameters=groups))
+
+
+def test_a_loss_that_is_not_a_scalar_is_refused(one_rank):
+    model, x, y = one_rank
+    def per_sample_loss(model, x, y):
+        return paddle.nn.functional.cross_entropy(model(x), y, reduction="none")
+    step = fleet.train_step(model, per_sample_loss, paddle.optimizer.SGD(0.1, parameters=model.parameters()))
+    with pytest.raises(DygraphError, match=r"must return one scalar loss; it returned values of shape \[-1, 1\]"):
+        step(x, y)
+
+
+def test_static_mode_is_refused(one_rank):
+    model, x, y = one_rank
+    step = fleet.train_step(model, dygraph_worker.loss_fn, paddle.optimizer.SGD(0.1, parameters=model.parameters()))
+    paddle.enable_static()
+    with pytest.raises(DygraphError, match="runs dygraph scripts: call it in dynamic mode"):
+        step(x, y)
