@@ -21,6 +21,7 @@ from fleetlite.base.role_maker import PaddleCloudRoleMaker, RoleMakerBase
 from fleetlite.env_contract import EXPLAIN_ONLY
 from fleetlite.errors import FleetliteError, StrategyConflictError
 from fleetlite.job_values import JobValues
+from fleetlite.runtime import eager_data_parallel
 from fleetlite.runtime.optimizer_state import CompiledOptimizerState
 from fleetlite.runtime.train_step import TrainStep
 from fleetlite.strategy import DistributedStrategy
@@ -225,10 +226,14 @@ def minimize(loss, startup_program=None, parameter_list=None, no_grad_set=None):
 
 
 def distributed_model(model):
-    """Fleet's `distributed_model` for dygraph scripts: the eager Layer itself, still usable
-    eagerly; `fleet.train_step(model, loss_fn, opt)` trains it data parallel (docs/dygraph.md)."""
-    _topology()
-    return model
+    """Fleet's `distributed_model` for dygraph scripts: the eager Layer, still usable eagerly,
+    wrapped in paddle.DataParallel in a job of several ranks so that Fleet's eager loop trains data
+    parallel (see runtime.eager_data_parallel); `fleet.train_step(model, loss_fn, opt)` trains it
+    with every knob (docs/dygraph.md)."""
+    topology = _topology()
+    if _explain_only():
+        return model
+    return eager_data_parallel.wrap(model, _job[1] or DistributedStrategy(), topology)
 
 
 def train_step(model, loss_fn, optimizer):
@@ -256,6 +261,9 @@ class DistributedOptimizer:
         return getattr(self.inner_opt, name)
 
     def minimize(self, loss, startup_program=None, parameter_list=None, no_grad_set=None):
+        if paddle.in_dynamic_mode():      # the eager loop's minimize: an optimizer step on the gradients
+            eager_data_parallel.check_step(self.inner_opt, self.user_defined_strategy, self.topology)
+            return self.inner_opt.minimize(loss, startup_program, parameter_list, no_grad_set)
         built = training_program.build(loss, self.inner_opt, self.user_defined_strategy, self.topology,
                                        startup_program, parameter_list, no_grad_set)
         self.compile_report = built.report
@@ -272,6 +280,11 @@ class DistributedOptimizer:
         if self.topology.rank == 0:
             print(built.report.table(), flush=True)
         return built.optimize_ops, built.params_grads
+
+    def step(self):
+        """Fleet's eager loop (loss.backward(); opt.step()), data parallel through distributed_model."""
+        eager_data_parallel.check_step(self.inner_opt, self.user_defined_strategy, self.topology)
+        return self.inner_opt.step()
 
     def state_dict(self):
         """The optimizer's state; in a script trained by fleet.train_step, its compiled program's."""

@@ -1,13 +1,16 @@
-"""fleet.train_step trains eager models through the compiled program (docs/dygraph.md).
+"""fleet.train_step trains eager models through the compiled program, and Fleet's eager loop
+trains data parallel through fleet.distributed_model (docs/dygraph.md).
 
 Parity: one fleetrun job of 2 ranks (rank r feeds rows r::2) and one of 1 process run every
 case of workers/dygraph_worker.py; each rank trains beside a plain-Paddle eager reference on the
 full batch from rank 0's initial values, and the mean of the ranks' losses, every rank's eager
 parameters and buffers (batch-norm statistics included) and its eager eval output must equal the
 reference to 1e-5. Resume: 3 steps, paddle.save of model and optimizer, load into fresh objects,
-3 steps equals 6 uninterrupted steps. The refusals run in this process (one rank).
+3 steps equals 6 uninterrupted steps. The eager-loop cases (loss.backward(); opt.step()) are
+held to the same reference. Most refusals run in this process (one rank).
 """
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +69,32 @@ def test_resuming_from_paddle_save_equals_training_straight_through(jobs, world)
         assert result["dynamic_mode"] is True
 
 
+@pytest.mark.parametrize("case", dygraph_worker.COMPRESSED)
+def test_compressed_exchanges_train_through_train_step_and_the_ranks_agree(jobs, case):
+    ranks = [result[case] for result in jobs[2]]
+    assert case in ranks[0]["applied"]
+    assert np.mean([rank["losses"][-1] for rank in ranks]) < np.mean([rank["losses"][0] for rank in ranks]) - 0.1
+    assert len({rank["digest"] for rank in ranks}) == 1, "the ranks' eager models differ"
+
+
+def test_the_eager_loop_reduces_in_buckets_of_the_strategys_fusion_size(jobs):
+    assert jobs[2][0]["eager_loop"]["comm_buffer_size"] == 32 * 1024 * 1024
+    for result in jobs[2]:
+        assert result["other_fusion_size"] == (
+            "fleet.distributed_model built paddle.DataParallel with fuse_grad_size_in_MB=32 (fleet.init's strategy) "
+            "but the optimizer's strategy has 0: pass the strategy to fleet.init(strategy=...) so both use it")
+    assert jobs[1][0]["eager_loop"]["comm_buffer_size"] is None        # one rank: the model itself
+
+
+def test_an_eager_step_on_a_model_distributed_model_did_not_wrap_is_refused_on_two_ranks(jobs):
+    for result in jobs[2]:
+        assert re.fullmatch(
+            r"opt.step\(\) on 2 ranks would train unsynchronised copies: linear_[01]\.[wb]_0 is not in a model wrapped by "
+            r"model = fleet.distributed_model\(model\) before training; wrap it, or train with step = "
+            r"fleet.train_step\(model, loss_fn, opt\) \(docs/dygraph.md\)", result["unwrapped_eager_step"])
+    assert jobs[1][0]["unwrapped_eager_step"] is None          # one rank: nothing to synchronise
+
+
 @pytest.fixture()
 def one_rank():
     fleet.init(is_collective=True)
@@ -107,3 +136,15 @@ def test_static_mode_is_refused(one_rank):
     paddle.enable_static()
     with pytest.raises(DygraphError, match="runs dygraph scripts: call it in dynamic mode"):
         step(x, y)
+
+
+def test_the_eager_loop_refuses_a_knob_that_needs_the_compiler(one_rank):
+    model, x, y = one_rank
+    strategy = fleet.DistributedStrategy()
+    strategy.gradient_merge = True
+    optimizer = fleet.distributed_optimizer(paddle.optimizer.SGD(0.1, parameters=model.parameters()), strategy)
+    dygraph_worker.loss_fn(model, paddle.to_tensor(x), paddle.to_tensor(y)).backward()
+    with pytest.raises(DygraphError, match=r"^strategy.gradient_merge needs fleetlite's compiler, which the eager "
+                                           r"loop \(loss.backward\(\); opt.step\(\)\) does not run: train with "
+                                           r"step = fleet.train_step\(model, loss_fn, opt\)"):
+        optimizer.step()

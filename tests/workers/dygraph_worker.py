@@ -2,6 +2,8 @@
 and, beside it in the same process, a plain-Paddle eager reference on the full batch from rank
 0's initial values; write both to OUT/result.<rank>.json (the dygraph tests compare them).
 
+The "eager_loop" cases train by Fleet's own loop (loss.backward(); opt.step()) instead.
+
 Usage: dygraph_worker.py OUT        (under fleetlite run / fleetrun, any world size dividing 32)
 
 Ranks other than 0 build their models from another seed: only train_step's broadcast of rank
@@ -50,6 +52,21 @@ CASES = {   # name: (model, optimizer, strategy fields, gradient-merge steps of 
     "gradient_merge": (models.Mlp, momentum, {"gradient_merge": True,
                                               "gradient_merge_configs": {"k_steps": 2, "avg": True}}, 2),
     "pto": (models.Mlp, adam, {"pto": True}, 1),
+    "eager_loop": (models.Mlp, momentum, {}, 1),
+}
+
+
+class WideMlp(models.Mlp):
+    """64 -> 300 -> 10: its first weight (19,200 elements) is large enough for dgc."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.out = paddle.nn.Linear(64, 300), paddle.nn.Linear(300, 10)
+
+
+COMPRESSED = {   # lossy by design: they must train and the ranks must agree
+    "topk": (models.Mlp, {"topk": True, "topk_configs": {"density": 0.05, "min_numel": 1000}}),
+    "dgc": (WideMlp, {"dgc": True, "dgc_configs": {"sparsity": [0.9]}}),
 }
 
 
@@ -110,18 +127,44 @@ def train_eagerly(make_model, make_optimizer, x, y, steps, merge):
     return model, losses
 
 
+def train_by_fleet_eager_loop(make_model, make_optimizer, fields, x, y, steps, seed):
+    """Fleet's own dygraph loop: loss.backward(); opt.step(); opt.clear_grad()."""
+    rank, world = fleet.worker_index(), fleet.worker_num()
+    paddle.seed(seed + rank)
+    model = fleet.distributed_model(make_model())
+    inner, _ = make_optimizer(model.parameters())
+    optimizer = fleet.distributed_optimizer(inner, strategy_of(fields))
+    losses = []
+    for i in range(steps):
+        loss = loss_fn(model, paddle.to_tensor(x[rank::world]), paddle.to_tensor(y[rank::world]))
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        losses.append(float(loss))
+    return model, optimizer, losses
+
+
 def compare(name, x, y):
     make_model, make_optimizer, fields, merge = CASES[name]
+    train = train_by_fleet_eager_loop if name.startswith("eager_loop") else train_with_fleet
     with paddle.utils.unique_name.guard():
         reference, reference_losses = train_eagerly(make_model, make_optimizer, x, y, STEPS, merge)
-        model, _, losses = train_with_fleet(make_model, make_optimizer, fields, x, y, STEPS, SEED)
+        model, _, losses = train(make_model, make_optimizer, fields, x, y, STEPS, SEED)
     trained, expected = state(model), state(reference)
     model.eval(), reference.eval()
     with paddle.no_grad():
         eval_diff = float(np.abs(model(paddle.to_tensor(x)).numpy() - reference(paddle.to_tensor(x)).numpy()).max())
     return {"losses": losses, "reference_losses": reference_losses, "digest": digest(trained),
             "param_diff": max(float(np.abs(trained[k] - expected[k]).max()) for k in expected),
-            "state_names": sorted(trained), "eval_diff": eval_diff}
+            "state_names": sorted(trained), "eval_diff": eval_diff,
+            "comm_buffer_size": getattr(model, "comm_buffer_size", None)}
+
+
+def compressed(name, x, y):
+    make_model, fields = COMPRESSED[name]
+    with paddle.utils.unique_name.guard():
+        model, optimizer, losses = train_with_fleet(make_model, momentum, fields, x, y, 2 * STEPS, SEED)
+    return {"losses": losses, "digest": digest(state(model)), "applied": optimizer.compile_report.applied}
 
 
 def resume(out, x, y):
@@ -142,12 +185,30 @@ def resume(out, x, y):
             "param_diff": max(float(np.abs(got[k] - expected[k]).max()) for k in expected)}
 
 
+def refused_eager_step(wrap, fields):
+    """The refusal of an eager step (None if it ran)."""
+    with paddle.utils.unique_name.guard():
+        model = fleet.distributed_model(models.Mlp()) if wrap else models.Mlp()
+    optimizer = fleet.distributed_optimizer(paddle.optimizer.SGD(0.1, parameters=model.parameters()),
+                                            strategy_of(fields))
+    x, y = models.digits(4)
+    loss_fn(model, paddle.to_tensor(x), paddle.to_tensor(y)).backward()
+    try:
+        optimizer.step()
+    except fleet.FleetliteError as error:
+        return str(error)
+    return None
+
+
 def main():
     out = sys.argv[1]
     fleet.init(is_collective=True)
     x, y = models.digits(BATCH)
     results = {name: compare(name, x, y) for name in CASES}
+    results.update({name: compressed(name, x, y) for name in COMPRESSED})
     results["resume"] = resume(out, x, y)
+    results["unwrapped_eager_step"] = refused_eager_step(False, {})
+    results["other_fusion_size"] = refused_eager_step(True, {"fuse_grad_size_in_MB": 0})
     results["dynamic_mode"] = paddle.in_dynamic_mode()
     Path(out, f"result.{fleet.worker_index()}.json").write_text(json.dumps(results))
 
