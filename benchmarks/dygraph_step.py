@@ -1,0 +1,42 @@
+"""Benchmark: fleet.train_step against Paddle's eager DataParallel loop, both at 2 processes.
+
+    .venv/bin/python benchmarks/dygraph_step.py [--rounds 9] [--json out.json]
+
+R = t(train_step, 2 processes) / t(paddle.DataParallel eager loop, 2 processes), per model (the
+step-overhead MLP 64-512-512-10, global batch 256; a conv net with batch norm on 1x16x16 images,
+global batch 64), 20 SGD steps per sample, everything interleaved in one run. Target: R <= 1.
+Also the first train_step call's time (trace + compile + startup + one step) on each rank.
+"""
+import statistics
+
+from harness import measure, print_table, protocol_parser, publish
+
+CONTENDERS = ("train_step", "paddle_dataparallel")
+BATCH_PER_RANK = {"mlp": 128, "conv": 32}
+
+
+def main():
+    args = protocol_parser(__doc__.splitlines()[0]).parse_args()
+    facts = {}
+    medians, foreign = measure([(f"{name}:{model}", ["dygraph_step_worker.py", name, model, str(batch)], 2)
+                                for model, batch in BATCH_PER_RANK.items() for name in CONTENDERS], args, facts)
+    rows, ratios = [], {}
+    for model in BATCH_PER_RANK:
+        mine, eager = medians[f"train_step:{model}"], medians[f"paddle_dataparallel:{model}"]
+        paired = [a / b for a, b in zip(mine, eager)]
+        first = max(rank["first_call_ms"] for rank in facts[f"train_step:{model}"])
+        rows.append({"model": model, "train_step": statistics.median(mine), "eager": statistics.median(eager),
+                     "R": statistics.median(paired), "R_min": min(paired), "R_max": max(paired), "first": first})
+        ratios[f"R_{model}"] = statistics.median(paired)
+        ratios[f"first_call_ms_{model}"] = first
+    print_table(f"fleet.train_step / paddle.DataParallel eager loop, 2 processes, {args.rounds} rounds; "
+                f"foreign CPU load {foreign:.0%}", rows,
+                [("model", "model", "{}"), ("train_step", "train_step (ms/20 steps)", "{:.1f}"),
+                 ("eager", "DataParallel eager", "{:.1f}"), ("R", "R = ratio", "{:.2f}"),
+                 ("R_min", "R min", "{:.2f}"), ("R_max", "R max", "{:.2f}"),
+                 ("first", "first call (ms, slowest rank)", "{:.0f}")])
+    publish(rows, ratios, foreign, medians, args.json)
+
+
+if __name__ == "__main__":
+    main()
