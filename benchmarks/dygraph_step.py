@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/dygraph_step.py [--rounds 9] [--json out.json]
 
 R = t(train_step, 2 processes) / t(paddle.DataParallel eager loop, 2 processes), per model (the
-step-overhead MLP 64-512-512-10, global batch 256; a conv net with batch norm on 1x16x16 images,
-global batch 64), 20 SGD steps per sample, everything interleaved in one run. Target: R <= 1.
+step-overhead MLP 64-512-512-10, global batch 256; a conv net with batch norm on 3x32x32 images,
+global batch 32), 20 SGD steps per sample, everything interleaved in one run. Target: R <= 1.
 Also the first train_step call's time (trace + compile + startup + one step) on each rank.
 """
 import statistics
@@ -12,7 +12,7 @@ import statistics
 from harness import measure, print_table, protocol_parser, publish
 
 CONTENDERS = ("train_step", "paddle_dataparallel")
-BATCH_PER_RANK = {"mlp": 128, "conv": 32}
+BATCH_PER_RANK = {"mlp": 128, "conv": 16}
 
 
 def main():

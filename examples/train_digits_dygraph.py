@@ -7,7 +7,6 @@ traces it once and trains it through fleetlite's compiled program (every strateg
 evaluation, `state_dict` and `paddle.save` are plain eager code on the same parameters. With
 --checkpoint_dir, model and optimizer are saved after every epoch and a restarted job resumes.
 """
-import argparse
 import os
 import time
 
@@ -16,19 +15,7 @@ import paddle
 
 import fleetlite as fleet
 import fleetlite.data
-from train_digits import MODELS, Digits, load_data
-
-
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--strategy", default=None, help="a .yaml or .prototxt strategy file")
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--batch_size", type=int, default=64, help="global batch, split over ranks")
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--model", choices=sorted(MODELS), default="mlp")
-    parser.add_argument("--hidden", type=int, default=128, help="the MLP's hidden units")
-    parser.add_argument("--checkpoint_dir", default=None)
-    return parser.parse_args()
+from train_digits import MODELS, Digits, load_data, parse_args   # the same flags
 
 
 def loss_fn(model, x, label):

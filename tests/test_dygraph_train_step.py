@@ -148,3 +148,13 @@ def test_the_eager_loop_refuses_a_knob_that_needs_the_compiler(one_rank):
                                            r"loop \(loss.backward\(\); opt.step\(\)\) does not run: train with "
                                            r"step = fleet.train_step\(model, loss_fn, opt\)"):
         optimizer.step()
+
+
+def test_set_state_dict_after_the_first_step_is_what_trains_next(one_rank):
+    model, x, y = one_rank
+    initial = {name: value.numpy() for name, value in model.state_dict().items()}
+    step = fleet.train_step(model, dygraph_worker.loss_fn, paddle.optimizer.SGD(0.1, parameters=model.parameters()))
+    first = float(step(x, y))
+    assert float(step(x, y)) < first
+    model.set_state_dict(initial)
+    assert float(step(x, y)) == first

@@ -10,9 +10,8 @@ every parameter variable of the program's scope share its buffer with the eager 
 (and batch-norm statistic): the program updates the eager model in place, so eager
 evaluation, `state_dict` and `paddle.save` see the trained values with no copy. Rank 0's
 initial values are then broadcast, eagerly, to every rank. Each call feeds the batch, runs one
-compiled step and returns the loss as a Tensor. The sharing is renewed on every call, which
-costs a pointer copy per parameter, so a `set_state_dict` that gives a parameter a new buffer
-is still what trains. Paddle's own `paddle.distributed.to_static`/`DistModel` works this way.
+compiled step and returns the loss as a Tensor (`set_state_dict` writes into the shared buffers,
+so what it loads is what trains next). Paddle's own `paddle.distributed.to_static`/`DistModel` works this way.
 """
 import contextlib
 from dataclasses import dataclass
@@ -35,7 +34,6 @@ class _Compiled:
     program: Any           # the compiled PIR main program
     loss: Any              # its loss value
     feeds: Tuple[str, ...]
-    shared: Tuple          # (scope DenseTensor, eager Tensor) pairs
     scope: Any
     executor: Any
 
@@ -90,10 +88,11 @@ class TrainStep:
         structured = {param.name: key for key, param in self._model.state_dict().items()}
         self._optimizer.compiled_state.bind(scope, optimizer_state.state_keys(state_names, structured),
                                             self._gathered_others(scope))
-        shared = tuple((scope.var(param.name).get_tensor(), param) for param in eager)
+        for param in eager:
+            scope.var(param.name).get_tensor()._share_data_with(param.get_tensor())
         self._broadcast_from_rank_0(eager)
         executor = self._optimizer.prepare_executor(executor)
-        return _Compiled(signature, main, loss, traced_loss.input_names(signature), shared, scope, executor)
+        return _Compiled(signature, main, loss, traced_loss.input_names(signature), scope, executor)
 
     def _gathered_others(self, scope):
         owners = sharded_state.state_owners(self._optimizer.compile_report)
@@ -109,8 +108,6 @@ class TrainStep:
                     dist.broadcast(tensor, src=0)
 
     def _run(self, compiled, batch):
-        for variable, param in compiled.shared:
-            variable._share_data_with(param.get_tensor())
         feed = {name: value.numpy() if isinstance(value, paddle.Tensor) else value
                 for name, value in zip(compiled.feeds, batch)}
         with _static_mode(compiled.scope):

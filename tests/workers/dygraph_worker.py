@@ -22,6 +22,7 @@ import paddle
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
 from workers import models  # noqa: E402
+from workers.knob_pairs_worker import make_strategy  # noqa: E402
 
 BATCH, STEPS, SEED = 32, 4, 2024
 
@@ -53,7 +54,11 @@ CASES = {   # name: (model, optimizer, strategy fields, gradient-merge steps of 
                                               "gradient_merge_configs": {"k_steps": 2, "avg": True}}, 2),
     "pto": (models.Mlp, adam, {"pto": True}, 1),
     "eager_loop": (models.Mlp, momentum, {}, 1),
+    "amp_cpu_recipe": (models.Mlp, momentum, {"amp": True, "amp_configs": {
+        "custom_black_list": ["matmul", "relu", "elementwise_add"], "init_loss_scaling": 1024.0}}, 1),
+    "two_steps_per_run": (models.Mlp, momentum, {"execution_strategy": {"num_iteration_per_run": 2}}, 1),
 }
+UNWRAPPED = ("momentum", "adamw_clip_schedule")   # not through distributed_model: train_step's broadcast alone
 
 
 class WideMlp(models.Mlp):
@@ -74,13 +79,6 @@ def loss_fn(model, x, y):
     return paddle.nn.functional.cross_entropy(model(x), y)
 
 
-def strategy_of(fields):
-    strategy = fleet.DistributedStrategy()
-    for field, value in fields.items():
-        setattr(strategy, field, value)
-    return strategy
-
-
 def state(model):
     return {name: value.numpy() for name, value in model.state_dict().items()}
 
@@ -89,21 +87,24 @@ def digest(arrays):
     return hashlib.sha256(b"".join(np.ascontiguousarray(arrays[k]).tobytes() for k in sorted(arrays))).hexdigest()
 
 
-def train_with_fleet(make_model, make_optimizer, fields, x, y, steps, seed, load=None):
-    """(model, optimizer, losses) after `steps` train_step calls on this rank's rows."""
+def train_with_fleet(make_model, make_optimizer, fields, x, y, steps, seed, load=None, wrap=True):
+    """(model, optimizer, losses) after `steps` training steps on this rank's rows (a call of
+    the step runs num_iteration_per_run of them, on as many copies of the rows)."""
     rank, world = fleet.worker_index(), fleet.worker_num()
     paddle.seed(seed + rank)
-    model = fleet.distributed_model(make_model())
+    model = fleet.distributed_model(make_model()) if wrap else make_model()
     inner, schedule = make_optimizer(model.parameters())
-    optimizer = fleet.distributed_optimizer(inner, strategy_of(fields))
+    optimizer = fleet.distributed_optimizer(inner, make_strategy(fields))
     if load is not None:
         model.set_state_dict(paddle.load(load + ".pdparams"))
         optimizer.set_state_dict(paddle.load(load + ".pdopt"))
     model.eval()                                     # train_step trains in train mode regardless
     step = fleet.train_step(model, loss_fn, optimizer)
+    per_call = optimizer.user_defined_strategy.execution_strategy.num_iteration_per_run
+    rows = np.concatenate([x[rank::world]] * per_call), np.concatenate([y[rank::world]] * per_call)
     losses = []
-    for i in range(steps):
-        losses.append(float(step(x[rank::world], paddle.to_tensor(y[rank::world]))))
+    for i in range(steps // per_call):
+        losses.extend(np.atleast_1d(step(rows[0], paddle.to_tensor(rows[1])).numpy()).tolist())
         if schedule is not None:
             schedule.step()
     return model, optimizer, losses
@@ -133,7 +134,7 @@ def train_by_fleet_eager_loop(make_model, make_optimizer, fields, x, y, steps, s
     paddle.seed(seed + rank)
     model = fleet.distributed_model(make_model())
     inner, _ = make_optimizer(model.parameters())
-    optimizer = fleet.distributed_optimizer(inner, strategy_of(fields))
+    optimizer = fleet.distributed_optimizer(inner, make_strategy(fields))
     losses = []
     for i in range(steps):
         loss = loss_fn(model, paddle.to_tensor(x[rank::world]), paddle.to_tensor(y[rank::world]))
@@ -146,10 +147,13 @@ def train_by_fleet_eager_loop(make_model, make_optimizer, fields, x, y, steps, s
 
 def compare(name, x, y):
     make_model, make_optimizer, fields, merge = CASES[name]
-    train = train_by_fleet_eager_loop if name.startswith("eager_loop") else train_with_fleet
     with paddle.utils.unique_name.guard():
         reference, reference_losses = train_eagerly(make_model, make_optimizer, x, y, STEPS, merge)
-        model, _, losses = train(make_model, make_optimizer, fields, x, y, STEPS, SEED)
+        if name.startswith("eager_loop"):
+            model, _, losses = train_by_fleet_eager_loop(make_model, make_optimizer, fields, x, y, STEPS, SEED)
+        else:
+            model, _, losses = train_with_fleet(make_model, make_optimizer, fields, x, y, STEPS, SEED,
+                                                wrap=name not in UNWRAPPED)
     trained, expected = state(model), state(reference)
     model.eval(), reference.eval()
     with paddle.no_grad():
@@ -190,7 +194,7 @@ def refused_eager_step(wrap, fields):
     with paddle.utils.unique_name.guard():
         model = fleet.distributed_model(models.Mlp()) if wrap else models.Mlp()
     optimizer = fleet.distributed_optimizer(paddle.optimizer.SGD(0.1, parameters=model.parameters()),
-                                            strategy_of(fields))
+                                            make_strategy(fields))
     x, y = models.digits(4)
     loss_fn(model, paddle.to_tensor(x), paddle.to_tensor(y)).backward()
     try:
