@@ -1,5 +1,6 @@
 """examples/train_digits_dygraph.py trains through fleetrun on 2 ranks and resumes from its
-checkpoint (model and optimizer saved with paddle.save) in a restarted job."""
+checkpoint (model and optimizer saved with paddle.save) in a restarted job; `fleetrun --explain`
+prints its compile report and trains nothing."""
 import re
 import subprocess
 import sys
@@ -10,8 +11,8 @@ from multiprocess import clean_environment
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def train(tmp_path, epochs):
-    run = subprocess.run([sys.executable, "-m", "fleetlite.cli", "run", "--nproc_per_node", "2",
+def train(tmp_path, epochs, *launcher_flags):
+    run = subprocess.run([sys.executable, "-m", "fleetlite.cli", "run", *launcher_flags, "--nproc_per_node", "2",
                           "--log_dir", str(tmp_path / "log"), str(ROOT / "examples" / "train_digits_dygraph.py"),
                           "--strategy", str(ROOT / "configs" / "cpu_gloo.yaml"), "--epochs", str(epochs),
                           "--checkpoint_dir", str(tmp_path)],
@@ -27,3 +28,9 @@ def test_the_dygraph_example_trains_and_resumes_through_fleetrun(tmp_path):
     assert "resumed from" in resumed and "epoch 3:" in resumed and "epoch 2:" not in resumed
     accuracy = float(re.search(r"test accuracy ([0-9.]+)", resumed).group(1))
     assert accuracy > 0.9
+
+
+def test_explain_prints_the_dygraph_scripts_compile_report_and_trains_nothing(tmp_path):
+    explained = train(tmp_path, 3, "--explain")
+    assert "fleetlite compile report" in explained and "data_parallel" in explained
+    assert "epoch 0:" not in explained and not list(tmp_path.glob("digits_dygraph*"))

@@ -158,3 +158,11 @@ def test_set_state_dict_after_the_first_step_is_what_trains_next(one_rank):
     assert float(step(x, y)) < first
     model.set_state_dict(initial)
     assert float(step(x, y)) == first
+
+
+def test_an_optimizer_without_parameters_is_refused(one_rank):
+    model, x, y = one_rank
+    optimizer = paddle.optimizer.SGD(0.1, parameters=model.parameters())
+    optimizer._parameter_list = []
+    with pytest.raises(DygraphError, match=r"^fleet.train_step needs an optimizer built with parameters=model.parameters\(\)$"):
+        fleet.train_step(model, dygraph_worker.loss_fn, optimizer)

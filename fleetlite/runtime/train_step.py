@@ -46,8 +46,10 @@ class TrainStep:
             raise DygraphError(f"fleet.train_step needs a paddle.nn.Layer as its model, got a {type(model).__name__}")
         if not callable(loss_fn):
             raise DygraphError("fleet.train_step needs loss_fn(model, *batch) -> scalar loss as its second argument")
-        groups = [group for group in optimizer.inner_opt._parameter_list or () if isinstance(group, dict)]
-        if groups:
+        parameters = optimizer.inner_opt._parameter_list
+        if not parameters:
+            raise DygraphError("fleet.train_step needs an optimizer built with parameters=model.parameters()")
+        if any(isinstance(group, dict) for group in parameters):
             raise DygraphError("fleet.train_step does not support parameter groups (parameters=[{...}, ...]) with "
                                "their own settings: pass one list of parameters to the optimizer")
         self._model = model._layers if isinstance(model, paddle.DataParallel) else model
