@@ -1,6 +1,6 @@
 """Benchmark: fleet.train_step against Paddle's eager DataParallel loop, both at 2 processes.
 
-    .venv/bin/python benchmarks/dygraph_step.py [--rounds 9] [--json out.json]
+    .venv/bin/python benchmarks/dygraph_step.py [--models mlp conv] [--rounds 9] [--json out.json]
 
 R = t(train_step, 2 processes) / t(paddle.DataParallel eager loop, 2 processes), per model (the
 step-overhead MLP 64-512-512-10, global batch 256; a conv net with batch norm on 3x32x32 images,
@@ -16,12 +16,14 @@ BATCH_PER_RANK = {"mlp": 128, "conv": 16}
 
 
 def main():
-    args = protocol_parser(__doc__.splitlines()[0]).parse_args()
+    parser = protocol_parser(__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=sorted(BATCH_PER_RANK), default=list(BATCH_PER_RANK))
+    args = parser.parse_args()
     facts = {}
-    medians, foreign = measure([(f"{name}:{model}", ["dygraph_step_worker.py", name, model, str(batch)], 2)
-                                for model, batch in BATCH_PER_RANK.items() for name in CONTENDERS], args, facts)
+    medians, foreign = measure([(f"{name}:{model}", ["dygraph_step_worker.py", name, model, str(BATCH_PER_RANK[model])], 2)
+                                for model in args.models for name in CONTENDERS], args, facts)
     rows, ratios = [], {}
-    for model in BATCH_PER_RANK:
+    for model in args.models:
         mine, eager = medians[f"train_step:{model}"], medians[f"paddle_dataparallel:{model}"]
         paired = [a / b for a, b in zip(mine, eager)]
         first = max(rank["first_call_ms"] for rank in facts[f"train_step:{model}"])
