@@ -262,7 +262,7 @@ class DistributedOptimizer:
 
     def minimize(self, loss, startup_program=None, parameter_list=None, no_grad_set=None):
         if paddle.in_dynamic_mode():      # the eager loop's minimize: an optimizer step on the gradients
-            eager_data_parallel.check_step(self.inner_opt, self.user_defined_strategy, self.topology)
+            self._check_eager_step()
             return self.inner_opt.minimize(loss, startup_program, parameter_list, no_grad_set)
         built = training_program.build(loss, self.inner_opt, self.user_defined_strategy, self.topology,
                                        startup_program, parameter_list, no_grad_set)
@@ -283,8 +283,17 @@ class DistributedOptimizer:
 
     def step(self):
         """Fleet's eager loop (loss.backward(); opt.step()), data parallel through distributed_model."""
-        eager_data_parallel.check_step(self.inner_opt, self.user_defined_strategy, self.topology)
+        self._check_eager_step()
         return self.inner_opt.step()
+
+    def _check_eager_step(self):
+        """Refuse what the eager loop cannot do; under `fleetrun --explain`, say what it does and end."""
+        explain = _explain_only()
+        eager_data_parallel.check_step(self.inner_opt, self.user_defined_strategy, self.topology,
+                                       wrapped_only=not explain)
+        if explain:
+            print(eager_data_parallel.EXPLAINED, flush=True)
+            raise SystemExit(0)
 
     def state_dict(self):
         """The optimizer's state; in a script trained by fleet.train_step, its compiled program's."""

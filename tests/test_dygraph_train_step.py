@@ -20,7 +20,9 @@ import paddle
 import pytest
 
 import fleetlite as fleet
+from fleetlite.env_contract import EXPLAIN_ONLY
 from fleetlite.errors import DygraphError
+from fleetlite.runtime import eager_data_parallel
 from multiprocess import clean_environment
 from workers import dygraph_worker, models
 
@@ -166,3 +168,14 @@ def test_an_optimizer_without_parameters_is_refused(one_rank):
     optimizer._parameter_list = []
     with pytest.raises(DygraphError, match=r"^fleet.train_step needs an optimizer built with parameters=model.parameters\(\)$"):
         fleet.train_step(model, dygraph_worker.loss_fn, optimizer)
+
+
+def test_explain_says_what_the_eager_loop_does_and_ends_the_script(one_rank, monkeypatch, capsys):
+    model, x, y = one_rank
+    monkeypatch.setenv(EXPLAIN_ONLY, "1")
+    optimizer = fleet.distributed_optimizer(paddle.optimizer.SGD(0.1, parameters=model.parameters()))
+    dygraph_worker.loss_fn(model, paddle.to_tensor(x), paddle.to_tensor(y)).backward()
+    with pytest.raises(SystemExit) as ended:
+        optimizer.step()
+    assert ended.value.code == 0
+    assert capsys.readouterr().out == eager_data_parallel.EXPLAINED + "\n"

@@ -16,6 +16,8 @@ from fleetlite.errors import DygraphError
 EAGER_KNOBS = ("fuse_all_reduce_ops", "fuse_grad_size_in_MB", "last_comm_group_size_MB", "find_unused_parameters",
                "strict", "split_data", "data_configs")
 TRAIN_STEP = "train with step = fleet.train_step(model, loss_fn, opt) (docs/dygraph.md)"
+EXPLAINED = ("fleetlite: this script trains by Fleet's eager loop (loss.backward(); opt.step()) on paddle.DataParallel: "
+             "there is no program to compile, and only the fusion knobs apply; fleet.train_step compiles every knob")
 
 FUSION = ("fuse_grad_size_in_MB", "last_comm_group_size_MB", "find_unused_parameters")
 
@@ -34,13 +36,14 @@ def wrap(model, strategy, topology):
     return wrapped
 
 
-def check_step(optimizer, strategy, topology):
-    """Raise DygraphError unless an eager `optimizer.step()` trains as `strategy` asks."""
+def check_step(optimizer, strategy, topology, wrapped_only=True):
+    """Raise DygraphError unless an eager `optimizer.step()` trains as `strategy` asks
+    (`wrapped_only`: and, on several ranks, only parameters distributed_model wrapped)."""
     compiled = sorted(field for field in strategy.non_default() if field.split(".")[0] not in EAGER_KNOBS)
     if compiled:
         raise DygraphError(f"strategy.{compiled[0]} needs fleetlite's compiler, which the eager loop "
                            f"(loss.backward(); opt.step()) does not run: {TRAIN_STEP}")
-    if topology.world_size > 1:
+    if topology.world_size > 1 and wrapped_only:
         unsynchronised = [param.name for param in optimizer._parameter_list or ()
                           if not isinstance(param, dict) and id(param) not in _synchronised]
         if not unsynchronised:
