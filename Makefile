@@ -12,7 +12,7 @@ BUILD_KERNELS := $(PY) -c 'from fleetlite import mstopk_kernel; mstopk_kernel.lo
 
 .PHONY: install test demo proto docs bench clean
 
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg setup.py pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[cpu,test]'

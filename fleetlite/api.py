@@ -18,6 +18,7 @@ import paddle
 
 from fleetlite import checkpoint, foreign_launcher, process_group, sharded_state, steps_per_run, training_program
 from fleetlite.base.role_maker import PaddleCloudRoleMaker, RoleMakerBase
+from fleetlite.collective_waits import waiting_in
 from fleetlite.env_contract import EXPLAIN_ONLY
 from fleetlite.errors import FleetliteError, StrategyConflictError
 from fleetlite.job_values import JobValues
@@ -98,7 +99,8 @@ def node_num():
 def barrier_worker():
     """Block until every worker arrives (a no-op for one worker)."""
     _topology()
-    process_group.barrier()
+    with waiting_in("fleet.barrier_worker"):
+        process_group.barrier()
 
 
 rank, nranks, world_size, rank_in_node = worker_index, worker_num, worker_num, local_rank
@@ -133,10 +135,11 @@ def stop_worker():
 
 def save_persistables(executor, dirname, main_program=None, mode=0):
     """Save every persistable variable of `main_program` (parameters, optimizer state), one file
-    each, as the directory `dirname`: written once by the first worker, atomically (see
-    checkpoint), and visible to every rank when this returns. `load_model` reads it back. Under
-    pto the other ranks' optimizer state is gathered first (see sharded_state), so every rank
-    must call it."""
+    each, as the directory `dirname`: written by the first worker, atomically (see checkpoint);
+    on the other ranks it returns at once. No collective inside, so Fleet's idiom (the first
+    worker saves, then every rank calls fleet.util.barrier() before reading it) works. Under
+    pto the other ranks' optimizer state is gathered first (see sharded_state), so there every
+    rank must call it. `load_model` reads it back."""
     _only_full_saves(mode)
     program = main_program or paddle.static.default_main_program()
     topology = _topology()
@@ -147,7 +150,7 @@ def save_persistables(executor, dirname, main_program=None, mode=0):
         paddle.static.save_vars(executor, staging, main_program=program)
         sharded_state.write(staging, others)
 
-    checkpoint.save_once(topology, util, dirname, write)
+    checkpoint.save_once(topology, dirname, write)
 
 
 def _report_of(program):
@@ -179,7 +182,7 @@ def save_inference_model(executor, dirname, feeded_var_names, target_vars, main_
     program = main_program or paddle.static.default_main_program()
     feeds = _data_values(program, feeded_var_names)
     targets = list(target_vars) if isinstance(target_vars, (list, tuple)) else [target_vars]
-    checkpoint.save_once(_topology(), util, dirname, lambda staging: paddle.static.save_inference_model(
+    checkpoint.save_once(_topology(), dirname, lambda staging: paddle.static.save_inference_model(
         os.path.join(staging, INFERENCE_PREFIX), feeds, targets, executor, program=program))
 
 

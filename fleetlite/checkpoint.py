@@ -1,4 +1,18 @@
-"""Checkpoint directories written once, atomically, and then readable by every rank.
+"""Checkpoint directories written once, by the first worker, atomically.
+
+Saving is a local operation of the calling rank, as in Paddle's Fleet: no collective inside,
+so the Fleet idiom works,
+
+    if fleet.is_first_worker():
+        fleet.save_persistables(exe, dirname, main_program)
+    fleet.util.barrier()
+
+and so does every rank calling the save: the first worker writes, the others return at once
+without writing. (Paddle 3's collective Fleet saves nothing at all: its CollectiveRuntime keeps
+RuntimeBase's empty `_save_persistables`; Fleet 1.x's collective mode saved on whichever rank
+called, hence the idiom.) Ranks that read the checkpoint afterwards wait for the first worker
+with the script's own `fleet.util.barrier()`, as in Fleet. A failed write raises on the first
+worker only, whose failure ends the job under fleetrun.
 
 The first worker writes the checkpoint into a hidden directory beside the target
 (`.<name>.partial-XXXX`), flushes it to disk, and puts it in place with one rename: where the
@@ -9,9 +23,6 @@ checkpoint or the complete new one, never a half-written one, even when the writ
 and the next save beside it deletes it once that process is gone). On a file
 system without the exchange, the previous checkpoint is first renamed aside to
 `.<name>.previous-XXXX`: a kill between the two renames leaves it there, complete.
-
-Every rank then learns whether the write worked (an all-reduce of the writer's status, which
-is also the barrier that makes the checkpoint visible to all ranks before any reads it).
 """
 import ctypes
 import glob
@@ -26,21 +37,11 @@ _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
 
-def save_once(topology, job_values, dirname, write):
-    """Rank 0 calls `write(directory)` to fill a fresh directory that becomes `dirname`; every
-    rank returns once it is in place, or raises if the write failed."""
-    error = None
+def save_once(topology, dirname, write):
+    """On the first worker, `write(directory)` fills a fresh directory that becomes `dirname`;
+    on the other ranks nothing happens."""
     if topology.rank == 0:
-        try:
-            write_atomically(dirname, write)
-        except Exception as exc:
-            error = exc
-    failed = job_values.all_reduce(int(error is not None), mode="max")
-    if error is not None:
-        raise error
-    if failed:
-        raise FleetliteError(f"the first worker failed to save {dirname} (its log has the error); "
-                             f"{dirname} is as it was before this save")
+        write_atomically(dirname, write)
 
 
 def write_atomically(dirname, write):

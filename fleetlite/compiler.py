@@ -31,10 +31,11 @@ import heapq
 
 from fleetlite import invariants, program_edit
 from fleetlite.compile_report import APPLIED, OFF, SKIPPED, CompileReport, PassRecord
-from fleetlite.errors import CompileError, FleetliteError, StrategyConflictError
-from fleetlite.knob_accounting import unclaimed_knobs
+from fleetlite.errors import CompileError, FleetliteError
+from fleetlite.knob_accounting import unclaimed_under_strict
 from fleetlite.strategies import REGISTRY
-from fleetlite.strategies.base import CompileContext, GradientSync, Phase
+from fleetlite.strategies.base import (CompileContext, GradientSync, Phase, check_combination, required_skipped,
+                                      strict_refusal)
 
 BACKWARD_EXISTS = "it rewrites the forward before backward, and this program already has backward"
 
@@ -105,8 +106,7 @@ def _run_passes(ordered, context, state):
             done.append(current.name)
             continue
         if context.strategy.strict and requested & set(current.reads):
-            raise CompileError(f"strict: {current.name} was requested but does nothing here: {reason}; "
-                               f"change the strategy or set strict: false")
+            raise CompileError(strict_refusal(current, reason))
         skipped[current.name] = reason
         records.append(PassRecord(current.name, current.phase.name, SKIPPED, current.config(), order,
                                   reason=reason))
@@ -141,25 +141,8 @@ def check_knobs(strategy, registry=REGISTRY):
     passes = [cls(strategy) for cls in registry]
     enabled = [p for p in passes if p.enabled()]
     check_combination(enabled)
-    unclaimed = unclaimed_knobs(strategy, {field for p in passes for field in p.reads})
-    if strategy.strict and unclaimed:
-        knob, reason = unclaimed[0]
-        raise CompileError(f"strict: {knob} was requested but {reason}; remove it or set strict: false")
+    unclaimed = unclaimed_under_strict(strategy, {field for p in passes for field in p.reads})
     return passes, enabled, unclaimed
-
-
-def check_combination(enabled):
-    """Every `requires` is on and no two enabled passes conflict."""
-    names = {p.name for p in enabled}
-    for p in enabled:
-        for needed in p.requires:
-            if needed not in names:
-                raise StrategyConflictError(f"'{p.name}' needs '{needed}', which is off",
-                                            field=p.name, fix=f"turn '{needed}' on, or '{p.name}' off")
-        for other, reason in p.conflicts.items():
-            if other in names:
-                raise StrategyConflictError(f"'{p.name}' and '{other}' cannot be used together: {reason}",
-                                            field=p.name, fix=f"turn '{p.name}' or '{other}' off")
 
 
 def order_passes(passes):
@@ -209,9 +192,9 @@ def _cycle(edges, stuck):
 
 
 def _skip_reason(current, skipped, context):
-    for needed in current.requires:
-        if needed in skipped:
-            return f"needs {needed}, which was skipped ({skipped[needed]})"
+    required = required_skipped(current, skipped)
+    if required:
+        return required
     if current.phase == Phase.FORWARD_REWRITE and context.loss is None:
         return BACKWARD_EXISTS
     return current.applicable(context.topology, context.program)

@@ -104,5 +104,10 @@ class DataError(FleetliteError, ValueError):
     """A dataset, sampler or record file that cannot give every rank its batches as asked."""
 
 
+class DataSettingsError(StrategyConflictError, DataError):
+    """A `data_configs` setting no loader can honour: raised alike by `validate` (a strategy
+    error, at the field's line) and by the loaders (a data error)."""
+
+
 class DygraphError(FleetliteError):
     """A dygraph script asked for something fleet.train_step or fleet's eager loop cannot do."""

@@ -4,13 +4,16 @@ Metrics and early stopping need a job-wide sum, max or min of host values (a los
 count, a "stop now" flag) outside the training program. These calls run on the job's eager
 process group (see process_group: eager collectives are fine between executor runs, never
 inside one) and switch to Paddle's dynamic mode for the call. Every rank must make the same
-calls in the same order, as with any collective. In a job of one process they return at once.
+calls in the same order, as with any collective (under fleetrun, ranks waiting in different
+ones are stopped after its stall deadline, see collective_waits). In a job of one process
+they return at once.
 """
 import numpy as np
 import paddle
 import paddle.distributed as dist
 
 from fleetlite import process_group
+from fleetlite.collective_waits import waiting_in
 from fleetlite.errors import FleetliteError
 
 MODES = ("sum", "max", "min")
@@ -54,7 +57,7 @@ class JobValues:
         if self._topology().world_size == 1:
             return array.copy()
         op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[mode]
-        with process_group.dynamic_mode():
+        with waiting_in("fleet.util.all_reduce"), process_group.dynamic_mode():
             tensor = paddle.to_tensor(array)
             dist.all_reduce(tensor, op=op)
             return tensor.numpy().reshape(array.shape)
@@ -65,14 +68,15 @@ class JobValues:
         if self._topology().world_size == 1:
             return [input]
         gathered = []
-        with process_group.dynamic_mode():
+        with waiting_in("fleet.util.all_gather"), process_group.dynamic_mode():
             dist.all_gather_object(gathered, input)
         return gathered
 
     def barrier(self, comm_world="worker"):
         """Block until every rank gets here."""
         _check_comm_world(comm_world)
-        process_group.barrier()
+        with waiting_in("fleet.util.barrier"):
+            process_group.barrier()
 
     def print_on_rank(self, message, rank_id):
         """Print `message` on rank `rank_id` only."""

@@ -7,7 +7,7 @@ pass reads must not vanish: the compile report lists it as skipped with the reas
 one it contradicts: that pair is an error at validate(), so a file never reads as "ok" while
 asking for two things that cannot both hold.
 """
-from fleetlite.errors import StrategyConflictError
+from fleetlite.errors import CompileError, StrategyConflictError
 
 # Not compile knobs: other parts of fleetlite read them.
 ELSEWHERE = ("strict", "split_data", "data_configs")
@@ -55,3 +55,12 @@ def unclaimed_knobs(strategy, claimed):
         groups.setdefault(knob, []).append(field)
     return [(knob, f"{NO_WORK.get(knob, NOT_YET)} (set: {', '.join(fields)})")
             for knob, fields in groups.items()]
+
+
+def unclaimed_under_strict(strategy, claimed):
+    """unclaimed_knobs(strategy, claimed); under `strict` the first of them is an error instead."""
+    unclaimed = unclaimed_knobs(strategy, claimed)
+    if strategy.strict and unclaimed:
+        knob, reason = unclaimed[0]
+        raise CompileError(f"strict: {knob} was requested but {reason}; remove it or set strict: false")
+    return unclaimed

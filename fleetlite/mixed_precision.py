@@ -42,6 +42,13 @@ def fp16_guard():
             op.set_bool_attr(FP16_GUARD, True)
 
 
+def cpu_has_bfloat16():
+    """Whether this CPU runs Paddle's bfloat16 kernels: they are oneDNN's, which need AVX512-BF16
+    (on an AVX2-only CPU a bfloat16 program builds, then its first run dies in oneDNN). A function
+    of its own so tests can stand for either kind of CPU."""
+    return paddle.base.core.supports_bfloat16()
+
+
 def name_of(op):
     """The op's name without its dialect, e.g. 'matmul' for pd_op.matmul."""
     return op.name().split(".", 1)[-1]

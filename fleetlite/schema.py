@@ -12,7 +12,7 @@ from collections.abc import Mapping, MutableMapping
 from google.protobuf.descriptor import FieldDescriptor as FD
 
 from fleetlite.errors import FieldRangeError, FieldTypeError, UnknownFieldError
-from fleetlite.field_rules import RULES
+from fleetlite.field_rules import RULES, OneOf
 
 _INT_TYPES = {FD.TYPE_INT32, FD.TYPE_INT64, FD.TYPE_UINT32, FD.TYPE_UINT64,
               FD.TYPE_SINT32, FD.TYPE_SINT64}
@@ -50,7 +50,15 @@ def shortest_float32(value):
     return value
 
 
-def _expected(field):
+def _expected(field, path):
+    """What the field takes, for a type error; a field with a fixed set of choices lists them,
+    so a wrong type says which values are right."""
+    rule = RULES.get(path)
+    choices = f", {rule.describe()}" if isinstance(rule, OneOf) else ""
+    return _type_name(field) + choices
+
+
+def _type_name(field):
     if field.type == FD.TYPE_BOOL:
         return "a bool (true/false)"
     if field.type in _INT_TYPES:
@@ -83,7 +91,7 @@ def _scalar(field, value, path):
         ok = isinstance(value, str) and value in names
         value = names[value].number if ok else value
     if not ok:
-        raise FieldTypeError(path, value, _expected(field))
+        raise FieldTypeError(path, value, _expected(field, path))
     rule = RULES.get(path)
     if not _fits_type(field, value):
         raise FieldRangeError(path, value, _type_limits(field, rule))
@@ -134,7 +142,7 @@ def assign(message, name, value, path=""):
     path = join(path, name)
     if _is_repeated(field):
         if not isinstance(value, (list, tuple)):
-            raise FieldTypeError(path, value, "a list")
+            raise FieldTypeError(path, value, f"a list, each item {_expected(field, path)}")
         container = getattr(message, name)
         if field.type == FD.TYPE_MESSAGE:
             checked = []
@@ -161,7 +169,7 @@ def assign(message, name, value, path=""):
             sub.CopyFrom(replacement)
             sub.SetInParent()
         else:
-            raise FieldTypeError(path, value, _expected(field))
+            raise FieldTypeError(path, value, _expected(field, path))
     else:
         setattr(message, name, _scalar(field, value, path))
 

@@ -8,6 +8,7 @@ and ranges name the allowed values), sections are live views, and loads replace 
 import functools
 
 from fleetlite import knob_accounting, schema, strategy_files
+from fleetlite.data import settings as data_settings
 from fleetlite.errors import StrategyConflictError
 from fleetlite.proto import strategy_pb2
 
@@ -124,6 +125,7 @@ class DistributedStrategy:
                 raise StrategyConflictError(f"'{field}' is set but {reason}", field=field,
                                             value=True, fix=f"set {field}: false")
         knob_accounting.check_conflicting_knobs(self)
+        data_settings.check(self._proto.data_configs, topology)
         _load_pass_checks()
         for check in _CROSS_FIELD_CHECKS:
             check(self, topology)

@@ -3,7 +3,8 @@
 `mstopk(x, k)` and `exact_topk(x, k)` return the (values, indices) of the k elements of largest
 |x| in the flattened x: signed values, int64 indices into x.reshape(-1), in descending |x| order
 (when k >= numel: every element, in index order). They take a NumPy array (and return NumPy
-arrays) or a Paddle tensor or static value (and return the same). The one function runs eagerly
+arrays; on a CPU a C-contiguous float array is read in place, see `tensor_over`) or a Paddle
+tensor or static value (and return the same). The one function runs eagerly
 and builds the static (PIR) ops the `topk` pass puts in training programs, with the same kernel,
 so what benchmarks/topk_select.py measures eagerly is what training runs.
 
@@ -45,10 +46,14 @@ non-finite gradient before selecting and lets AMP's agreed overflow flag drop th
 import math
 
 import numpy as np
-import paddle
-from paddle.pir.core import create_persistable_value
 
-from fleetlite import mstopk_kernel
+from fleetlite import paddle_noise
+
+with paddle_noise.importing_paddle():       # a plain `import fleetlite.topk` may be Paddle's first
+    import paddle
+    from paddle.pir.core import create_persistable_value
+
+    from fleetlite import mstopk_kernel
 
 SAMPLE_HITS = 128        # expected true top-k elements in the sample
 MARGIN_SIGMAS = 5        # how far below the expected k-th value the sampled threshold sits
@@ -93,7 +98,7 @@ def _call(kernel, x, k):
         raise ValueError(f"k must be a positive integer, got {k!r}")
     as_numpy = isinstance(x, np.ndarray)
     if as_numpy:
-        x = paddle.to_tensor(x)
+        x = tensor_over(x)
     dtype = str(x.dtype).replace("paddle.", "")
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"top-k selection takes float32 or float64, got {dtype}")
@@ -105,6 +110,17 @@ def _call(kernel, x, k):
     if as_numpy:
         return values.numpy(), indices.numpy()
     return values, indices
+
+
+def tensor_over(array):
+    """A Paddle tensor for a NumPy array: eagerly on a CPU device, over the array's own memory
+    (DLPack; paddle.to_tensor copies, 100 MB for a 25M-element gradient, several times the cost of
+    the selection itself); a copy where the array cannot be shared as it is (not C-contiguous, not
+    native float32/float64), Paddle's device is not the CPU, or static mode is on."""
+    if (array.flags.c_contiguous and array.dtype in (np.float32, np.float64)
+            and paddle.in_dynamic_mode() and paddle.device.get_device() == "cpu"):
+        return paddle.utils.dlpack.from_dlpack(array)
+    return paddle.to_tensor(array)
 
 
 def _exact(flat, k):

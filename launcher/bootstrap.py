@@ -6,7 +6,8 @@ It runs the user's unchanged script as `__main__` and adds what the launcher nee
   show the traceback once without parsing logs (with the fix, for names Paddle 3 removed and
   fleetlite replaces);
 - every `Executor.run` and `Tensor.backward` entered bumps the progress file, so a collective
-  timeout can name the ranks that were behind;
+  timeout can name the ranks that were behind; the fleet-level collective the worker waits in
+  goes there too (fleetlite.collective_waits), so fleetrun sees ranks stuck in different ones;
 - SIGTERM (fleetrun stopping the job) ends the worker quietly, not with Paddle's crash report;
 - ranks on the store's host other than rank 0 wait until the store listens before they connect:
   Paddle's store client retries only every 3 s, so connecting early costs seconds;
@@ -26,7 +27,7 @@ import signal
 import sys
 import traceback
 
-from fleetlite import env_contract, paddle_noise
+from fleetlite import collective_waits, env_contract, paddle_noise
 from fleetlite.launcher import ports, worker_records
 
 PR_SET_PDEATHSIG = 1
@@ -109,6 +110,7 @@ def instrument_paddle(paddle, environ):
         progress = worker_records.ProgressWriter(progress_file)
         _count_entries(paddle.static.Executor, "run", progress)
         _count_entries(paddle.Tensor, "backward", progress)
+        collective_waits.listen(progress)
     if (environ.get(env_contract.TRAINER_ID, "0") != "0" and env_contract.MASTER in environ
             and env_contract.CURRENT_ENDPOINT in environ and _store_is_on_this_host(environ)):
         _wait_for_store_first(paddle.distributed, int(environ[env_contract.MASTER].rpartition(":")[2]))

@@ -8,6 +8,7 @@ group with the same budget, and a host whose fleetrun gives up fails the job.
 import sys
 import time
 
+from fleetlite.launcher.collective_stall import STALL_EXIT_CODE, StallWatch, format_stall
 from fleetlite.launcher.failure_report import diagnose, exit_code, format_report, read_end
 from fleetlite.launcher.plan import CPU_MALLOC_TUNABLES, plan_workers
 from fleetlite.launcher.spec import follower_argv
@@ -74,7 +75,8 @@ class Job:
         workers = [self.local.start(slot, command, _tee_prefix(slot)) for slot in slots]
         self._start_table(workers, attempt)
         live = workers + [r for r in remotes if r.poll() is None]
-        ended = watch(live, self.stop)
+        stall = StallWatch({slot.rank: slot.progress_file for slot in slots}, self.spec.collective_stall_timeout)
+        ended = watch(live, self.stop, stalled=stall.check)
         failures = [e for e in ended if e.returncode != 0]
         restart = (bool(failures) and not self.stop.is_set() and attempt < self.spec.max_restarts
                    and all(e.process in workers for e in failures))
@@ -86,7 +88,11 @@ class Job:
         diagnosis = diagnose([read_end(e) for e in ended], blame_victims=not self.stop.is_set())
         if self.stop.is_set() and diagnosis.root is None:
             self._say(f"fleetrun: stopped by {self.stop.reason}")
+        if stall.found:
+            self._say(*format_stall(stall.found))
         self._say(*format_report(diagnosis, time.time()))
+        if stall.found and diagnosis.root is None:
+            return STALL_EXIT_CODE, False
         return exit_code(diagnosis, self.stop.signum), restart
 
     def run(self):

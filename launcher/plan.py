@@ -4,6 +4,7 @@ Pure: no process, socket or file is touched, so the whole table of a 4-host x 8-
 be checked in a unit test. Every host's fleetrun computes the same table from the same flags,
 which is how hosts agree on ranks and endpoints without talking to each other.
 """
+import ipaddress
 import os
 import zlib
 from dataclasses import dataclass
@@ -47,13 +48,25 @@ def pinned_port(spec):
     return master_port or spec.start_port
 
 
+def _same_host_key(host):
+    """Spellings of one host compare equal: names ignore case and a trailing dot, addresses
+    compare as addresses (::1 and 0::1)."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host.lower().rstrip(".")
+
+
 def _check_hosts(spec):
     seen = {}
     for position, host in enumerate(spec.ips, 1):
-        if host in seen:
-            raise LaunchError(f"--ips lists {host} twice (positions {seen[host]} and {position}): "
+        key = _same_host_key(host)
+        if key in seen:
+            first, at = seen[key]
+            spelled = "" if host == first else f" (as {first} and {host})"
+            raise LaunchError(f"--ips lists {first} twice (positions {at} and {position}){spelled}: "
                               f"list each host once; --nproc_per_node or --gpus sets its workers")
-        seen[host] = position
+        seen[key] = (host, position)
     if spec.master and spec.master.rpartition(":")[0] != spec.ips[0]:
         raise LaunchError(f"--master {spec.master} is not on the first host of --ips ({spec.ips[0]}), "
                           f"which runs rank 0 and its store: list that host first in --ips")

@@ -7,8 +7,11 @@ should say so at once, not hang in a rendezvous (Paddle silently gives a host th
 import fcntl
 import ipaddress
 import os
+import re
 import socket
 import struct
+import threading
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -18,6 +21,8 @@ from fleetlite.launcher.plan import check_spec, job_port, pinned_port
 
 SIOCGIFADDR = 0x8915
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
+HOST_LOOKUP_TIMEOUT_S = 5.0
+_HOSTNAME_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 
 
 @dataclass(frozen=True)
@@ -30,8 +35,105 @@ class Preflight:
 
 
 def check_script(script):
+    if os.path.isdir(script):
+        raise LaunchError(f"script {script} is a directory, not a file: pass the training script "
+                          f"(the .py file) to run")
     if not os.path.isfile(script):
         raise LaunchError(f"script not found: {script} (relative to {os.getcwd()})")
+
+
+def _host_syntax_problem(host):
+    """Why `host` is neither an IPv4/IPv6 address nor a hostname (RFC 1123), or None."""
+    if _address(host):
+        return None
+    if re.fullmatch(r"[0-9.]+", host):   # resolvers would read "10.0.0" as 10.0.0.0
+        return "is not a valid IPv4 address: write four numbers 0-255 without leading zeros, like 10.0.0.1"
+    if re.fullmatch(r"[^:]+:[0-9]*", host):
+        return "has a port: --ips lists hosts only; rank 0's store port is --start_port"
+    if ":" in host:
+        return "is not a valid IPv6 address: write it without brackets or port, like fe80::1"
+    if any(c.isspace() for c in host):
+        return "contains a space: separate hosts with commas only"
+    labels = (host[:-1] if host.endswith(".") else host).split(".")
+    if len(host) > 253 or not all(_HOSTNAME_LABEL.fullmatch(label) for label in labels):
+        return ("is not a valid hostname: use letters, digits and '-' between dots "
+                "(at most 63 each, not starting or ending with '-')")
+    if labels[-1].isdigit():
+        return "is not a valid hostname: its last part is all digits"
+    return None
+
+
+def _look_up(name):
+    socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+
+
+def _lookup_failures(names, lookup, timeout):
+    """{name: why it did not resolve} for the names that did not, all looked up at once in
+    daemon threads; a lookup still running at the deadline counts as failed (and is left behind,
+    as getaddrinfo cannot be cancelled)."""
+    failures = {}
+
+    def resolve(name):
+        try:
+            lookup(name)
+        except OSError as exc:
+            failures[name] = exc.strerror or str(exc)
+
+    threads = {name: threading.Thread(target=resolve, args=(name,), name=f"look up {name}", daemon=True)
+               for name in names}
+    for thread in threads.values():
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for name, thread in threads.items():
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            failures.setdefault(name, f"no answer within {timeout:g} s")
+    return {name: failures[name] for name in names if name in failures}
+
+
+def check_hosts(hosts, flag="--ips", lookup=_look_up, timeout=HOST_LOOKUP_TIMEOUT_S):
+    """Every host must be an IPv4/IPv6 address or a hostname that resolves, before anything
+    starts: a malformed entry would otherwise be handed to the workers as an endpoint.
+
+    Addresses are taken as written and names are only looked up (no traffic goes to any host),
+    all within `timeout` seconds."""
+    for position, host in enumerate(hosts, 1):
+        problem = _host_syntax_problem(host)
+        if problem:
+            raise LaunchError(f"{flag}: host {position} {host!r} {problem}")
+    failures = _lookup_failures([host for host in hosts if not _address(host)], lookup, timeout)
+    if failures:
+        name, why = next(iter(failures.items()))
+        raise LaunchError(f"{flag}: host {name!r} does not resolve ({why}): fix the name, or list the "
+                          f"host by its IP address")
+
+
+def prepare_log_dir(log_dir):
+    """Create --log_dir now, so a path that cannot hold the logs is refused before any worker
+    starts (not as a traceback when the first one is spawned)."""
+    flag = f"--log_dir {log_dir}"
+    in_the_way = _first_non_folder(log_dir)
+    if in_the_way:
+        raise LaunchError(f"{flag}: {in_the_way} is a file, not a folder: move it away, or pass "
+                          f"another --log_dir")
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+    except OSError as exc:
+        raise LaunchError(f"{flag}: cannot create {exc.filename} ({exc.strerror}): pass a folder you "
+                          f"can write to as --log_dir") from None
+    if not os.access(log_dir, os.W_OK | os.X_OK):
+        raise LaunchError(f"{flag}: the folder is not writable (permission denied): pass a folder you "
+                          f"can write to as --log_dir")
+
+
+def _first_non_folder(path):
+    """The first existing part of `path` that is not a folder (a file, a broken link), or None."""
+    parts = os.path.normpath(path).split(os.sep)
+    for end in range(1, len(parts) + 1):
+        prefix = os.sep.join(parts[:end]) or os.sep
+        if os.path.lexists(prefix) and not os.path.isdir(prefix):
+            return prefix
+    return None
 
 
 def local_addresses():
@@ -47,11 +149,17 @@ def local_addresses():
     return found
 
 
-def _is_loopback(host):
+def _address(host):
+    """`host` as an IPv4/IPv6 address, or None when it is not one."""
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host)
     except ValueError:
-        return host == "localhost"
+        return None
+
+
+def _is_loopback(host):
+    address = _address(host)
+    return address.is_loopback if address else host == "localhost"
 
 
 def find_this_host(ips, host, addresses, hostname):
@@ -118,11 +226,21 @@ def store_port(spec, this_host):
 
 
 def run_preflight(spec, environ):
+    """Every check, in the order that costs least; the log folder is created last, after the
+    store port is reserved, so a refused job leaves nothing behind."""
     check_spec(spec)
     check_script(spec.script)
+    check_hosts(spec.ips)
     this_host = find_this_host(spec.ips, spec.host, local_addresses(), socket.gethostname())
     if spec.ssh and this_host != spec.ips[0]:
         raise LaunchError(f"--ssh starts the other hosts from the first one: run it on {spec.ips[0]}, "
                           f"not on {this_host}")
     check_devices(spec.devices, visible_gpu_count(environ), environ)
-    return store_port(spec, this_host)
+    preflight = store_port(spec, this_host)
+    try:
+        prepare_log_dir(spec.log_dir)
+    except LaunchError:
+        if preflight.reservation:
+            preflight.reservation.release()
+        raise
+    return preflight

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
 from fleetlite.errors import LaunchError
+from fleetlite.launcher.collective_stall import DEFAULT_STALL_TIMEOUT_S
 from fleetlite.tuning.options import TuneOptions, add_tune_options, tune_options
 
 
@@ -43,9 +44,13 @@ def _endpoint(raw):
 
 
 def _list(raw):
+    if not raw.strip():
+        raise ValueError("it is empty")
     items = [item.strip() for item in raw.split(",")]
-    if not all(items):
-        raise ValueError("an item of the comma-separated list is empty")
+    empty = [position for position, item in enumerate(items, 1) if not item]
+    if empty:
+        raise ValueError(f"item {empty[0]} of the comma-separated list is empty: remove the extra "
+                         f"comma")
     return tuple(items)
 
 
@@ -54,6 +59,13 @@ def _command(raw):
     if not words:
         raise ValueError("it is empty")
     return words
+
+
+def _seconds(raw):
+    value = float(raw)
+    if not value >= 0:
+        raise ValueError("it must be a number of seconds, 0 or more")
+    return value
 
 
 def _device_ids(raw):
@@ -92,6 +104,9 @@ OPTIONS = (
            "names the job; hand-launched multi-host jobs derive their default port from it"),
     Option("ssh_command", "FLEETLITE_SSH_COMMAND", ("ssh",), _command,
            "the command --ssh runs as `<command> <host> <remote command>`"),
+    Option("collective_stall_timeout", "FLEETLITE_COLLECTIVE_STALL_TIMEOUT", DEFAULT_STALL_TIMEOUT_S, _seconds,
+           "stop the job when ranks have waited this many seconds in different fleet collectives "
+           "(e.g. one in fleet.util.all_reduce, another in fleet.util.barrier); 0: never"),
 )
 
 
@@ -111,6 +126,7 @@ class LaunchSpec:
     max_restarts: int = 0
     job_id: str = "default"
     ssh_command: Tuple[str, ...] = ("ssh",)
+    collective_stall_timeout: float = DEFAULT_STALL_TIMEOUT_S
     explain: bool = False
     ssh: bool = False
     follow_stdin: bool = False
@@ -179,7 +195,8 @@ def follower_argv(spec, host, start_port):
     a flag (ssh does not carry the environment), the port pinned so all hosts agree."""
     argv = ["--ips", ",".join(spec.ips), "--host", host, "--log_dir", spec.log_dir,
             "--start_port", str(start_port), "--max_restarts", str(spec.max_restarts),
-            "--job_id", spec.job_id, "--follow_stdin"]
+            "--job_id", spec.job_id, "--collective_stall_timeout", str(spec.collective_stall_timeout),
+            "--follow_stdin"]
     if spec.devices is not None:
         argv += ["--devices", ",".join(map(str, spec.devices))]
     if spec.nproc_per_node is not None:

@@ -1,8 +1,8 @@
 """All-or-nothing supervision of a group of processes.
 
-`watch` returns as soon as one process fails, a stop is requested, or all have ended: a rank
-that dies leaves its peers blocked in a collective (gloo gives up only after 30 s), so waiting
-for them would only delay the report. `stop_processes` then ends the rest: SIGTERM, a bounded
+`watch` returns as soon as one process fails, a stop is requested, the processes are found
+stalled, or all have ended: a rank that dies leaves its peers blocked in a collective (gloo
+gives up only after 30 s), so waiting for them would only delay the report. `stop_processes` then ends the rest: SIGTERM, a bounded
 grace, SIGKILL, a bounded wait for the kernel. A second Ctrl-C skips the grace.
 """
 import signal
@@ -61,13 +61,13 @@ def _poll(running, ended, stopped, clock):
             ended.append(Ended(process, code, clock(), stopped))
 
 
-def watch(processes, stop, poll_interval=POLL_INTERVAL_S, clock=time.time):
-    """Poll until a process fails, `stop` is set, or every process has ended; returns the
-    processes that ended meanwhile (the rest are still running)."""
+def watch(processes, stop, poll_interval=POLL_INTERVAL_S, clock=time.time, stalled=lambda: None):
+    """Poll until a process fails, `stop` is set, `stalled()` says something, or every process
+    has ended; returns the processes that ended meanwhile (the rest are still running)."""
     running, ended = list(processes), []
     while running:
         _poll(running, ended, False, clock)
-        if stop.is_set() or any(e.returncode != 0 for e in ended):
+        if stop.is_set() or any(e.returncode != 0 for e in ended) or stalled():
             break
         stop.wait(poll_interval)
     return ended

@@ -6,14 +6,19 @@ both sides live here so the formats cannot drift.
   raised. Written once, atomically, so a worker killed mid-write leaves none rather than half.
 - Progress file: how many training steps the worker has *entered*, and when it last entered
   one. A rank stalled before a collective has entered fewer steps than the ranks waiting
-  inside it, which is how a timeout names the ranks that were behind.
+  inside it, which is how a timeout names the ranks that were behind. It also says which
+  fleet-level collective the worker waits in now, if any (its kind, how many fleet-level
+  collectives the worker had entered, the script line that called it, since when): ranks
+  waiting in different ones are stuck, which is how fleetrun stops such a job early.
 """
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Optional
 
-PROGRESS_LINE_BYTES = 40  # fixed width: each update overwrites the last in place
+PROGRESS_RECORD_BYTES = 1024  # fixed width: each update overwrites the last in place
+WHERE_CHARS = 100             # so a record always fits, even with every character escaped
 
 
 @dataclass(frozen=True)
@@ -25,9 +30,18 @@ class ErrorRecord:
 
 
 @dataclass(frozen=True)
+class CollectiveWait:
+    kind: str        # e.g. 'fleet.util.barrier'
+    sequence: int    # the worker's how-manyth fleet-level collective this is
+    where: str       # 'train.py:42', the script line that called it
+    since: float
+
+
+@dataclass(frozen=True)
 class Progress:
     steps: int
     time: float
+    collective: Optional[CollectiveWait] = None   # the one it waits in now
 
 
 def write_error(path, exc, traceback_text):
@@ -48,22 +62,41 @@ def read_error(path):
 
 
 class ProgressWriter:
+    """The worker's side; also the listener of fleetlite.collective_waits."""
+
     def __init__(self, path):
-        self.steps = 0
+        self.steps, self.collectives = 0, 0
+        self._step_time, self._wait = time.time(), None
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
     def enter_step(self):
         self.steps += 1
-        line = f"{self.steps} {time.time():.3f}".ljust(PROGRESS_LINE_BYTES - 1) + "\n"
-        os.pwrite(self._fd, line.encode(), 0)
+        self._step_time = time.time()
+        self._write()
+
+    def enter_collective(self, kind, where):
+        self.collectives += 1
+        self._wait = CollectiveWait(kind, self.collectives, where[-WHERE_CHARS:], time.time())
+        self._write()
+
+    def leave_collective(self):
+        self._wait = None
+        self._write()
+
+    def _write(self):
+        record = {"steps": self.steps, "time": round(self._step_time, 3),
+                  "collective": self._wait and asdict(self._wait)}
+        text = json.dumps(record).ljust(PROGRESS_RECORD_BYTES - 1) + "\n"
+        os.pwrite(self._fd, text.encode(), 0)
 
 
 def read_progress(path):
     try:
         with open(path) as source:
-            steps, when = source.read().split()
-        return Progress(int(steps), float(when))
-    except (FileNotFoundError, ValueError):
+            record = json.load(source)
+        wait = record["collective"]
+        return Progress(int(record["steps"]), float(record["time"]), wait and CollectiveWait(**wait))
+    except (FileNotFoundError, ValueError, TypeError, KeyError):
         return None
 
 

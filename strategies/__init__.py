@@ -4,6 +4,9 @@ The compiler instantiates the passes in REGISTRY whose knob is on and orders the
 and their declared before/after edges; the position in this list only breaks ties.
 """
 from fleetlite.strategies.amp import Amp, AmpLossScaling
+from fleetlite.errors import StrategyConflictError
+from fleetlite.knob_accounting import unclaimed_under_strict
+from fleetlite.strategies.base import check_combination, required_skipped, strict_refusal
 from fleetlite.strategies.build_strategy_fusions import OpFusion
 from fleetlite.strategies.comm_rings import CommRings
 from fleetlite.strategies.data_parallel import DataParallel
@@ -22,6 +25,7 @@ from fleetlite.strategies.scale_gradient import ScaleGradient
 from fleetlite.strategies.sync_batch_norm import SyncBatchNorm
 from fleetlite.strategies.sync_nccl_allreduce import SyncNcclAllReduce
 from fleetlite.strategies.topk import TopkExchange
+from fleetlite.strategy import register_check
 
 REGISTRY = (
     DataParallel,
@@ -51,3 +55,35 @@ REGISTRY = (
     ConvWorkspaceSizeLimit,
     CudnnBatchNormSpatialPersistent,
 )
+
+
+@register_check
+def check_registered_combination(strategy, topology):
+    """The passes' requires and conflicts at validate() (fleet.init, `fleetlite strategy validate`,
+    distributed_optimizer), not first at minimize: they depend on the strategy alone."""
+    check_combination([p for p in (cls(strategy) for cls in REGISTRY) if p.enabled()])
+
+
+@register_check
+def check_strict(strategy, topology):
+    """Under strict, at validate() rather than first at minimize: a requested knob no pass reads,
+    and a requested pass that does nothing on the declared topology whatever the program (pto on
+    one rank, cuDNN flags on CPU, ...). Passes whose reason needs the program are left to compile."""
+    if not strategy.strict:
+        return
+    passes = [cls(strategy) for cls in REGISTRY]
+    unclaimed_under_strict(strategy, {field for p in passes for field in p.reads})
+    if topology is None:
+        return
+    requested, skipped = set(strategy.non_default()), {}
+    for current in passes:
+        if not current.enabled():
+            continue
+        reason = required_skipped(current, skipped)
+        if reason is None and current.decides_without_program:
+            reason = current.applicable(topology, None)
+        if reason is None:
+            continue
+        if requested & set(current.reads):
+            raise StrategyConflictError(strict_refusal(current, reason), field=current.switched_on_by(), value=True)
+        skipped[current.name] = reason

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict
 
 from fleetlite import program_edit
+from fleetlite.errors import StrategyConflictError
 from fleetlite.ring_table import RingTable
 
 
@@ -102,6 +103,7 @@ class Pass(abc.ABC):
     requires = ()
     conflicts = {}
     reads = ()
+    decides_without_program = False   # applicable() reads the topology only: validate() may ask it (program None)
 
     def __init__(self, strategy):
         self.strategy = strategy
@@ -109,6 +111,11 @@ class Pass(abc.ABC):
     def enabled(self):
         """Whether the user asked for this pass (by default: its field is truthy)."""
         return bool(getattr(self.strategy, self.name))
+
+    def switched_on_by(self):
+        """The field the user set to turn this pass on, which errors name (a Fleet alias such as
+        `sharding` for pto, not the pass's own name)."""
+        return self.name
 
     def config(self):
         """The strategy values this pass runs with, for the report."""
@@ -125,6 +132,37 @@ class Pass(abc.ABC):
     def check_backward(self, context):
         """After backward, for an applied FORWARD_REWRITE pass: raise CompileError if the backward
         Paddle built from its rewrite cannot run."""
+
+
+def check_combination(enabled):
+    """Every `requires` of the enabled passes is on and no two of them conflict; errors name the
+    fields the user set."""
+    names = {p.name: p.switched_on_by() for p in enabled}
+    for p in enabled:
+        mine = names[p.name]
+        for needed in p.requires:
+            if needed not in names:
+                raise StrategyConflictError(f"'{mine}' needs '{needed}', which is off",
+                                            field=mine, fix=f"turn '{needed}' on, or '{mine}' off")
+        for other, reason in p.conflicts.items():
+            if other in names:
+                theirs = names[other]
+                raise StrategyConflictError(f"'{mine}' and '{theirs}' cannot be used together: {reason}",
+                                            field=mine, value=True, fix=f"turn '{mine}' or '{theirs}' off")
+
+
+def required_skipped(current, skipped):
+    """The reason `current` is skipped because a pass it requires was ({name: reason}), or None."""
+    for needed in current.requires:
+        if needed in skipped:
+            return f"needs {needed}, which was skipped ({skipped[needed]})"
+    return None
+
+
+def strict_refusal(current, reason):
+    """What `strict: true` says of a pass the user asked for that does nothing here."""
+    return (f"strict: {current.switched_on_by()} was requested but does nothing here: {reason}; "
+            f"change the strategy or set strict: false")
 
 
 def read_field(strategy, dotted):

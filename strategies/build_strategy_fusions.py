@@ -39,6 +39,7 @@ NO_CPU_KERNELS = ("the fused kernels are CUDA-only in Paddle 3.3.1, and its PIR 
 
 class OpFusion(Pass):
     name = "op_fusion"
+    decides_without_program = True
     phase = Phase.UPDATE_REWRITE
     before = ("gradient_merge_update",)
     reads = (*PIR_PASSES, *LEGACY_ONLY)

@@ -12,6 +12,7 @@ from fleetlite.strategies.base import Pass, PassResult, Phase
 
 class DataParallel(Pass):
     name = "data_parallel"
+    decides_without_program = True
     phase = Phase.COMMUNICATION
     reads = ("gradient_scale_configs.scale_strategy",)
 

@@ -107,7 +107,7 @@ class Dgc(Pass):
         "use_hierarchical_allreduce": "the DGC exchange is a one-level all-gather on the world ring",
         "gradient_merge": "dgc's momentum and schedule advance once per run, while gradient_merge exchanges and "
                           "updates once every k_steps runs; that program is not built",
-        "pto": "pto shards the optimizer update that dgc rewrites; that program is not built",
+        "pto": "pto (Fleet's sharding) shards the optimizer update that dgc rewrites; that program is not built",
     }
     reads = ("dgc", "dgc_configs.rampup_begin_step", "dgc_configs.rampup_step", "dgc_configs.sparsity")
 

@@ -11,6 +11,7 @@ from fleetlite.strategies.base import Pass, PassResult, Phase, read_field
 
 class FlagKnob(Pass):
     phase = Phase.EXECUTION
+    decides_without_program = True
     flag = None                   # the Paddle flag the field becomes
     devices = ("cpu", "gpu")      # where the flag exists and does something
     elsewhere = None              # why it is skipped on other devices

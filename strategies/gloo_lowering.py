@@ -28,6 +28,7 @@ ALL_REDUCE = ("pd_op.all_reduce", "pd_op.all_reduce_")
 
 class GlooLowering(Pass):
     name = "gloo_lowering"
+    decides_without_program = True
     phase = Phase.LOWERING
 
     def enabled(self):

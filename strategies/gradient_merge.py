@@ -34,6 +34,7 @@ ACCUMULATOR_SUFFIX = "@GRAD@MERGED"
 
 class GradientMerge(Pass):
     name = "gradient_merge"
+    decides_without_program = True
     phase = Phase.BACKWARD_REWRITE
     reads = ("gradient_merge", "gradient_merge_configs.k_steps", "gradient_merge_configs.avg")
 

@@ -54,6 +54,7 @@ def check_node_groups(strategy, topology, knob):
 
 class HierarchicalAllReduce(Pass):
     name = "use_hierarchical_allreduce"
+    decides_without_program = True
     phase = Phase.COMM_LAYOUT
     after = ("fuse_all_reduce_ops", "nccl_comm_num")
     requires = ("data_parallel",)

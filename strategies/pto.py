@@ -114,6 +114,7 @@ register_check(sharding_degree_check)
 
 class Pto(Pass):
     name = "pto"
+    decides_without_program = True
     phase = Phase.UPDATE_REWRITE
     before = ("build_strategy.fuse_all_optimizer_ops", "gradient_merge_update")
     reads = ("pto", "pto_configs.partition", "pto_configs.allgather_bucket_MB", "sharding",
@@ -122,6 +123,9 @@ class Pto(Pass):
 
     def enabled(self):
         return bool(self.strategy.pto or self.strategy.sharding)
+
+    def switched_on_by(self):
+        return "pto" if self.strategy.pto else "sharding"
 
     def applicable(self, topology, program):
         if topology.world_size == 1:

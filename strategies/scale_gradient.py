@@ -17,6 +17,7 @@ from fleetlite.strategies.base import Pass, PassResult, Phase
 
 class ScaleGradient(Pass):
     name = "gradient_scale_configs.scale_gradient"
+    decides_without_program = True
     phase = Phase.COMMUNICATION
     requires = ("data_parallel",)
     reads = ("gradient_scale_configs.scale_gradient",)

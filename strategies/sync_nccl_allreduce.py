@@ -13,6 +13,7 @@ FLAG = "FLAGS_sync_nccl_allreduce"
 
 class SyncNcclAllReduce(Pass):
     name = "sync_nccl_allreduce"
+    decides_without_program = True
     phase = Phase.EXECUTION
     requires = ("data_parallel",)
     reads = ("sync_nccl_allreduce",)

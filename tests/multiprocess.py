@@ -40,6 +40,14 @@ def clean_environment():
             if not name.startswith(("PADDLE_", "FLEETLITE_", "POD_IP"))}
 
 
+def without_root_override():
+    """A command prefix under which root meets permission bits as any user does (no
+    CAP_DAC_OVERRIDE), so tests of read-only files and folders run under root too, as in CI."""
+    if os.geteuid() != 0:
+        return []
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+
+
 def run_job(script, world_size, node_count=1, args=(), timeout=120, extra_env=None, ranks=None):
     """Run `script` as the ranks `ranks` (default: all) of a job of `world_size`; returns their
     JSON results in that order."""

@@ -8,14 +8,15 @@ so the float16 recipe black-lists them and white-lists pool2d; the loss-scaling 
 float32 either way.
 """
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import paddle
 import pytest
 
-from fleetlite import (CompileError, DistributedStrategy, StrategyConflictError, Topology, compiler, program_edit,
-                       training_program)
+from fleetlite import (CompileError, DistributedStrategy, StrategyConflictError, Topology, cli, compiler,
+                       mixed_precision, program_edit, training_program)
 from fleetlite.mixed_precision import fp16_guard
 from isolated import isolated
 from multiprocess import run_job
@@ -33,6 +34,14 @@ POISONED_RANK, POISONED_STEP = 1, 2
 UNSCALE = ["builtin.combine", "check_finite_and_unscale_", "builtin.split"]
 AGREE = ["cast", "all_reduce_(ring=0, max)", "cast"]
 UPDATE = ["full", "builtin.combine", "update_loss_scaling_", "builtin.split"]
+
+
+@pytest.fixture(autouse=True)
+def cpu_with_bfloat16(monkeypatch):
+    """The structure tests compile bfloat16 CPU programs and run none: they stand for a CPU with
+    AVX512-BF16, so they check the rewrite on any CPU. (The isolated training tests run in a child,
+    on the real CPU.)"""
+    monkeypatch.setattr(mixed_precision, "cpu_has_bfloat16", lambda: True)
 
 
 def amp_strategy(**configs):
@@ -218,6 +227,37 @@ def test_contradictory_configs_are_errors(configs, message):
         amp_strategy(**configs).validate(CPU_2)
 
 
+NO_AVX512_BF16 = (r"asks for bfloat16 ops on CPU, and Paddle's CPU bfloat16 kernels \(oneDNN\) need AVX512-BF16, "
+                  r"which this CPU lacks; train in float32 \(amp: false\), or on a CPU with AVX512-BF16$")
+
+
+@pytest.mark.parametrize("configs, field", [
+    ({"dtype": "bfloat16"}, "amp_configs.dtype"),
+    ({"use_pure_bf16": True, "use_fp16_guard": False}, "amp_configs.use_pure_bf16"),
+    ({"use_pure_bf16": True}, "amp_configs.use_pure_bf16"),
+], ids=["O1", "O2", "O2 guarded"])
+def test_bfloat16_on_a_cpu_without_avx512_bf16_is_refused_at_compile_not_at_the_first_run(monkeypatch, configs, field):
+    """On such a CPU the program builds and its first exe.run dies in oneDNN (RuntimeError: std::exception)."""
+    monkeypatch.setattr(mixed_precision, "cpu_has_bfloat16", lambda: False)
+    with pytest.raises(StrategyConflictError, match=f"^{field} {NO_AVX512_BF16}") as refused:
+        guarded_mlp(amp_strategy(**configs), CPU_2)
+    assert refused.value.field == field
+    main, _, _, report = guarded_mlp(amp_strategy(**configs), GPU_32)     # GPU programs do not run on this CPU
+    assert report.record("amp").details["dtype"] == "bfloat16" and "bfloat16" in dtypes(main, "pd_op.matmul")
+
+
+def test_explain_refuses_bfloat16_for_a_cpu_job_on_a_cpu_without_avx512_bf16(monkeypatch, capsys, tmp_path):
+    """`fleetlite strategy validate` has no device to check against (it says ok); `explain` has one."""
+    monkeypatch.setattr(mixed_precision, "cpu_has_bfloat16", lambda: False)
+    strategy = tmp_path / "bf16.yaml"
+    amp_strategy(use_pure_bf16=True, use_fp16_guard=False).save(strategy)
+    assert cli.main(["explain", "--strategy", str(strategy)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert re.match(f"fleetlite: error: amp_configs.use_pure_bf16 {NO_AVX512_BF16}", line), line
+    assert cli.main(["explain", "--strategy", str(strategy), "--device", "gpu"]) == 0
+    assert cli.main(["strategy", "validate", str(strategy)]) == 0
+
+
 def test_optimizer_state_in_float16_is_refused_not_ignored():
     with pytest.raises(StrategyConflictError, match="use_optimizer_fp16 is not implemented"):
         amp_strategy(dtype="bfloat16", use_optimizer_fp16=True).validate()
@@ -299,7 +339,9 @@ def test_bfloat16_trains_like_float32_within_bfloat16_rounding(run):
     fp32_losses, fp32_params, _ = in_process.train(DistributedStrategy(), sgd, rows=16, steps=4, model=model)
     losses, params, report = in_process.train(amp_strategy(**configs), sgd, rows=16, steps=4, model=model)
     assert report.record("amp").details["dtype"] == "bfloat16" and report.record("amp").details["low_ops"]
-    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
+    # each step reads other digits, so the losses need not fall in 4 steps (float32's on the MLP do
+    # not: 2.44, 2.27, 2.20, 2.46); float32 is the oracle, and its parameters move by > 0.03
+    assert np.all(np.isfinite(losses))
     np.testing.assert_allclose(losses, fp32_losses, rtol=0, atol=BF16_LOSS_ATOL)
     for name, values in fp32_params.items():
         if name not in RUNNING_STATISTICS:

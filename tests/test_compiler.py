@@ -111,9 +111,10 @@ def test_a_no_op_is_skipped_with_its_reason_and_so_are_passes_that_need_it():
 
 
 def test_strict_turns_a_requested_skip_into_an_error():
-    registry = [on_when_set("lamb", applicable=lambda self, topology, program: "not on this topology")]
-    with pytest.raises(CompileError, match="strict: lamb was requested but does nothing here: not on this topology"):
-        compile_with(registry, lamb=True, strict=True)
+    """(dgc: a field a real pass reads, since validate() refuses a knob no registered pass reads under strict.)"""
+    registry = [on_when_set("dgc", applicable=lambda self, topology, program: "not on this topology")]
+    with pytest.raises(CompileError, match="strict: dgc was requested but does nothing here: not on this topology"):
+        compile_with(registry, dgc=True, strict=True)
 
 
 def test_strict_allows_skips_of_knobs_the_user_did_not_set():

@@ -310,7 +310,7 @@ def test_image_loader_reads_the_cache_settings_from_the_strategy_and_names_bad_o
     with pytest.raises(DataError, match="list each of 'disk', 'memory' at most once"):
         image_loader(photos, strategy, 6)
     with pytest.raises(DataError, match="neither a folder of class folders nor a file list"):
-        image_loader(tmp_path / "missing", strategy, 6)
+        image_loader(tmp_path / "missing", fleet.DistributedStrategy(), 6)
     strategy.data_configs = {"cache_levels": ["disk"]}
     with pytest.raises(DataError, match=r"cache_levels = \['disk'\] cache sample files: use fleetlite.data.image_loader"):
         loader(list(range(10)), strategy, 2)

@@ -3,6 +3,7 @@ supervision with stand-in processes, the console tee and the worker bootstrap.""
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -11,13 +12,16 @@ import time
 import pytest
 
 from fleetlite.errors import LaunchError
+from fleetlite import collective_waits
 from fleetlite.launcher import ports
+from fleetlite.launcher.collective_stall import Stall, StallWatch, find_stall, format_stall
 from fleetlite.launcher.failure_report import WorkerEnd, diagnose, exit_code, format_report
 from fleetlite.launcher.log_tee import LogTee
-from fleetlite.launcher.preflight import check_devices, find_this_host, visible_gpu_count
+from fleetlite.launcher.preflight import (check_devices, check_hosts, find_this_host, prepare_log_dir,
+                                         visible_gpu_count)
 from fleetlite.launcher.supervisor import StopRequest, stop_processes, watch
-from fleetlite.launcher.worker_records import (ErrorRecord, Progress, ProgressWriter, read_error,
-                                               read_progress, write_error)
+from fleetlite.launcher.worker_records import (CollectiveWait, ErrorRecord, Progress, ProgressWriter,
+                                               read_error, read_progress, write_error)
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "launcher_scripts")
 
@@ -39,6 +43,81 @@ def test_this_host_is_found_by_address_hostname_or_flag():
 def test_this_host_errors(ips, host, message):
     with pytest.raises(LaunchError, match=message):
         find_this_host(ips, host, {"10.0.0.1"}, "node")
+
+
+NOT_IPV4 = "is not a valid IPv4 address: write four numbers 0-255 without leading zeros, like 10.0.0.1"
+NOT_A_NAME = ("is not a valid hostname: use letters, digits and '-' between dots (at most 63 each, "
+              "not starting or ending with '-')")
+
+
+@pytest.mark.parametrize("hosts, message", [
+    (("10.0.0",), f"host 1 '10.0.0' {NOT_IPV4}"),
+    (("127.0.0.1", "10.1"), f"host 2 '10.1' {NOT_IPV4}"),
+    (("10.0.0.256",), f"host 1 '10.0.0.256' {NOT_IPV4}"),
+    (("010.0.0.1",), f"host 1 '010.0.0.1' {NOT_IPV4}"),
+    (("10.0.0.1.5",), f"host 1 '10.0.0.1.5' {NOT_IPV4}"),
+    (("12345",), f"host 1 '12345' {NOT_IPV4}"),
+    (("10.0.0.1:6170",), "host 1 '10.0.0.1:6170' has a port: --ips lists hosts only; rank 0's store "
+                         "port is --start_port"),
+    (("node1:",), "host 1 'node1:' has a port: --ips lists hosts only; rank 0's store port is --start_port"),
+    (("[::1]",), "host 1 '[::1]' is not a valid IPv6 address: write it without brackets or port, like fe80::1"),
+    (("fe80::1::2",), "host 1 'fe80::1::2' is not a valid IPv6 address: write it without brackets or port, "
+                      "like fe80::1"),
+    (("node 1",), "host 1 'node 1' contains a space: separate hosts with commas only"),
+    (("node\t1",), "host 1 'node\\t1' contains a space: separate hosts with commas only"),
+    (("node_1",), f"host 1 'node_1' {NOT_A_NAME}"),
+    (("node;rm",), f"host 1 'node;rm' {NOT_A_NAME}"),
+    (("-node",), f"host 1 '-node' {NOT_A_NAME}"),
+    (("node-",), f"host 1 'node-' {NOT_A_NAME}"),
+    (("a..b",), f"host 1 'a..b' {NOT_A_NAME}"),
+    (("x" * 64,), f"host 1 '{'x' * 64}' {NOT_A_NAME}"),
+    (("nodé",), f"host 1 'nodé' {NOT_A_NAME}"),
+    (("node.42",), "host 1 'node.42' is not a valid hostname: its last part is all digits"),
+])
+def test_malformed_hosts_are_refused_without_a_lookup(hosts, message):
+    looked_up = []
+    with pytest.raises(LaunchError) as refused:
+        check_hosts(hosts, lookup=looked_up.append)
+    assert str(refused.value) == f"--ips: {message}" and looked_up == []
+
+
+def test_only_names_are_looked_up_and_addresses_are_taken_as_written():
+    looked_up = []
+    check_hosts(("10.0.0.1", "fe80::1", "node-1", "Node-2.example.", "localhost"), lookup=looked_up.append)
+    assert sorted(looked_up) == ["Node-2.example.", "localhost", "node-1"]
+
+
+def test_names_that_do_not_resolve_are_refused_by_name():
+    with pytest.raises(LaunchError) as refused:
+        check_hosts(("127.0.0.1", "localhost", "no-such-host.invalid"))
+    assert re.fullmatch(r"--ips: host 'no-such-host\.invalid' does not resolve \(.+\): fix the name, or "
+                        r"list the host by its IP address", str(refused.value)), refused.value
+
+
+def test_a_lookup_that_hangs_is_refused_at_the_deadline():
+    began = time.monotonic()
+    with pytest.raises(LaunchError) as refused:
+        check_hosts(("slow-dns",), lookup=lambda name: time.sleep(5), timeout=0.2)
+    assert time.monotonic() - began < 2
+    assert str(refused.value) == ("--ips: host 'slow-dns' does not resolve (no answer within 0.2 s): fix "
+                                  "the name, or list the host by its IP address")
+
+
+def test_the_log_folder_is_made_unless_something_is_in_the_way(tmp_path):
+    prepare_log_dir(str(tmp_path / "a" / "b"))
+    assert (tmp_path / "a" / "b").is_dir()
+    (tmp_path / "file").write_text("keep")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    cases = [
+        (tmp_path / "file", f"{tmp_path / 'file'} is a file, not a folder"),
+        (tmp_path / "file" / "logs", f"{tmp_path / 'file'} is a file, not a folder"),
+        (tmp_path / "dangling", f"{tmp_path / 'dangling'} is a file, not a folder"),
+    ]
+    for log_dir, why in cases:
+        with pytest.raises(LaunchError) as refused:
+            prepare_log_dir(str(log_dir))
+        assert str(refused.value) == f"--log_dir {log_dir}: {why}: move it away, or pass another --log_dir"
+    assert (tmp_path / "file").read_text() == "keep" and not (tmp_path / "gone").exists()
 
 
 def test_gpu_ids_are_checked_against_the_visible_devices():
@@ -116,6 +195,57 @@ def test_error_and_progress_records_round_trip(tmp_path):
     for _ in range(12):
         progress.enter_step()
     assert read_progress(progress_file).steps == 12
+
+
+def test_the_progress_record_says_which_fleet_collective_the_worker_waits_in(tmp_path):
+    progress_file = tmp_path / "p"
+    progress = ProgressWriter(str(progress_file))
+    progress.enter_step()
+    collective_waits.listen(progress)
+    try:
+        with collective_waits.waiting_in("fleet.util.barrier"):
+            wait = read_progress(progress_file).collective
+            line = sys._getframe().f_lineno - 2                        # the `with` line: the caller
+        with collective_waits.waiting_in("fleet.util.all_reduce"):
+            second = read_progress(progress_file).collective
+    finally:
+        collective_waits.listen(None)
+    assert (wait.kind, wait.sequence, wait.where) == ("fleet.util.barrier", 1, f"test_launcher_parts.py:{line}")
+    assert (second.kind, second.sequence) == ("fleet.util.all_reduce", 2)
+    assert read_progress(progress_file) == Progress(1, read_progress(progress_file).time, None)   # left it
+    progress.enter_collective("fleet.util.barrier", "\u00e9" * 500)      # a long, escaped caller still fits
+    assert read_progress(progress_file).collective.where == "\u00e9" * 100
+
+
+def waiting(kind, sequence, since, where="train.py:1"):
+    return CollectiveWait(kind, sequence, where, since)
+
+
+def test_ranks_waiting_past_the_deadline_in_different_collectives_are_a_stall():
+    barrier, reduce = waiting("fleet.util.barrier", 3, 100.0, "train.py:45"), waiting("fleet.util.all_reduce", 3, 101.0,
+                                                                                     "train.py:42")
+    assert find_stall({0: reduce, 1: barrier}, now=111.5, deadline=10) == Stall(((0, reduce), (1, barrier)), 10.5)
+    assert find_stall({0: reduce, 1: barrier}, now=110.5, deadline=10) is None      # rank 0: only 9.5 s
+    assert find_stall({0: barrier, 1: barrier}, now=200, deadline=10) is None       # the same call: waiting
+    assert find_stall({0: barrier, 1: None}, now=200, deadline=10) is None          # rank 1 is still working
+    later = waiting("fleet.util.barrier", 4, 100.0)                                 # the same call, once more
+    assert find_stall({0: barrier, 1: later}, now=200, deadline=10).seconds == 100
+    assert format_stall(find_stall({0: reduce, 1: barrier, 2: None}, now=111, deadline=10)) == [
+        "fleetrun: root cause: rank 0 waits in fleet.util.all_reduce (called from train.py:42, its fleet "
+        "collective #3) while rank 1 waits in fleet.util.barrier (called from train.py:45, its fleet collective "
+        "#3), for 10 s: the ranks called different collectives; call the same collectives in the same order on "
+        "every rank (fleetrun stopped the job after its stall deadline, --collective_stall_timeout)"]
+
+
+def test_the_stall_watch_reads_the_progress_records_and_a_deadline_of_0_never_fires(tmp_path):
+    files = {rank: str(tmp_path / f"p{rank}") for rank in (0, 1)}
+    writers = {rank: ProgressWriter(path) for rank, path in files.items()}
+    writers[0].enter_collective("fleet.util.all_reduce", "t.py:1")
+    writers[1].enter_collective("fleet.util.barrier", "t.py:2")
+    assert StallWatch(files, 10, clock=lambda: time.time() + 5).check() is None
+    assert StallWatch(files, 0, clock=lambda: time.time() + 1e6).check() is None
+    found = StallWatch(files, 10, clock=lambda: time.time() + 11).check()
+    assert [rank for rank, _ in found.waits] == [0, 1]
 
 
 # --- failure report --------------------------------------------------------------------------
@@ -230,6 +360,9 @@ def test_watch_returns_when_all_succeed_or_a_stop_is_requested():
     stop = StopRequest()
     stop.request(2)
     assert watch([StandIn("running")], stop) == [] and stop.reason == "SIGINT"
+    checks = []
+    assert watch([StandIn("waiting")], StopRequest(), poll_interval=0.001,
+                 stalled=lambda: checks.append(1) or len(checks) == 3) == [] and len(checks) == 3
 
 
 def test_a_second_stop_request_skips_the_grace_period():

@@ -55,6 +55,8 @@ def test_precedence_flag_over_environment_over_default_and_each_override_is_note
     (["--gpus", "0,,1", "t.py"], {}, "empty"),
     (["--master", "10.0.0.1", "t.py"], {}, "host:port"),
     (["--nproc_per_node", "-1", "t.py"], {}, "negative"),
+    (["--collective_stall_timeout", "-1", "t.py"], {}, "0 or more"),
+    (["t.py"], {"FLEETLITE_COLLECTIVE_STALL_TIMEOUT": "soon"}, "FLEETLITE_COLLECTIVE_STALL_TIMEOUT='soon'"),
     (["--no_such_flag", "t.py"], {}, "--no_such_flag"),
     ([], {}, "script"),
 ])
@@ -65,11 +67,12 @@ def test_bad_values_name_their_source(argv, environ, named):
 
 def test_the_ssh_follower_command_line_reproduces_the_spec_with_host_and_port_pinned():
     spec = parse_launch_spec(["--ips", "a,b", "t.py", "--x"],
-                             {"PADDLE_DEVICES": "0,1", "PADDLE_MAX_RESTART": "1"})
+                             {"PADDLE_DEVICES": "0,1", "PADDLE_MAX_RESTART": "1",
+                              "FLEETLITE_COLLECTIVE_STALL_TIMEOUT": "4.5"})
     follower = parse_launch_spec(follower_argv(spec, "b", 7001), {})
     assert (follower.ips, follower.host, follower.start_port, follower.devices, follower.max_restarts,
-            follower.script, follower.script_args, follower.follow_stdin) == \
-        (("a", "b"), "b", 7001, (0, 1), 1, "t.py", ("--x",), True)
+            follower.collective_stall_timeout, follower.script, follower.script_args, follower.follow_stdin) == \
+        (("a", "b"), "b", 7001, (0, 1), 1, 4.5, "t.py", ("--x",), True)
 
 
 # --- plan: whole tables ----------------------------------------------------------------------
@@ -154,6 +157,10 @@ def test_cpu_two_processes():
 
 @pytest.mark.parametrize("spec, message", [
     (LaunchSpec(script="t.py", ips=("a", "b", "a")), "lists a twice (positions 1 and 3)"),
+    (LaunchSpec(script="t.py", ips=("Node-a", "b", "node-A.")), "lists Node-a twice (positions 1 and 3) "
+                                                                 "(as Node-a and node-A.)"),
+    (LaunchSpec(script="t.py", ips=("fe80::1", "fe80:0::1")), "lists fe80::1 twice (positions 1 and 2) "
+                                                              "(as fe80::1 and fe80:0::1)"),
     (LaunchSpec(script="t.py", devices=(0, 1, 1)), "device 1 more than once"),
     (LaunchSpec(script="t.py", devices=(0, -2)), "got -2"),
     (LaunchSpec(script="t.py", devices=()), "no device"),

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from multiprocess import clean_environment
+from multiprocess import clean_environment, without_root_override
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "launcher_scripts")
 TRAIN = os.path.join(SCRIPTS, "train_linear.py")
@@ -22,8 +22,8 @@ FLEETRUN = [sys.executable, "-m", "fleetlite.launcher"]
 STEPS = 6
 
 
-def fleetrun(args, cwd, timeout=90):
-    return subprocess.run(FLEETRUN + args, cwd=cwd, env=clean_environment(), capture_output=True,
+def fleetrun(args, cwd, timeout=90, prefix=()):
+    return subprocess.run([*prefix, *FLEETRUN, *args], cwd=cwd, env=clean_environment(), capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -197,6 +197,30 @@ def test_a_stalled_rank_is_named_when_the_collective_times_out(tmp_path):
     assert "stopped by fleetrun: rank 1" in result.stderr
 
 
+def test_ranks_in_different_collectives_are_stopped_at_the_stall_deadline_naming_each_call(tmp_path):
+    """Rank 0 in fleet.util.all_reduce, rank 1 in fleet.util.barrier: without fleetrun's stall
+    watch, gloo would end the job after 30 s with a C++ traceback."""
+    script = os.path.join(SCRIPTS, "fleet_save_idiom.py")
+    with open(script) as source:
+        lines = source.read().splitlines()
+    line_of = {marker: lines.index(next(l for l in lines if marker in l)) + 1
+               for marker in ("fleet.util.all_reduce(1)", "fleet.util.barrier()       # the others")}
+    started = time.monotonic()
+    result = fleetrun(["--nproc_per_node", "2", "--job_id", "mismatch", "--collective_stall_timeout", "4",
+                       script, "out", "--mismatch"], tmp_path)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(
+        r"fleetrun: root cause: rank 0 waits in fleet.util.all_reduce \(called from fleet_save_idiom.py:"
+        rf"{line_of['fleet.util.all_reduce(1)']}, its fleet collective #1\) while rank 1 waits in "
+        rf"fleet.util.barrier \(called from fleet_save_idiom.py:{line_of['fleet.util.barrier()       # the others']}, "
+        r"its fleet collective #1\), for [45] s: the ranks called different collectives; call the same "
+        r"collectives in the same order on every rank", result.stderr), result.stderr
+    assert "stopped by fleetrun: rank 0, rank 1" in result.stderr
+    assert "C++ Traceback" not in result.stdout + result.stderr and "gloo" not in result.stderr
+    assert elapsed < 30, f"{elapsed:.1f} s: gloo's timeout, not the stall deadline, ended the job"
+
+
 def test_two_jobs_on_one_host_get_different_store_ports(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -231,6 +255,75 @@ def test_pre_flight_errors_are_one_line_and_exit_2(tmp_path, args, message):
     assert result.returncode == 2 and result.stdout == ""
     assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr, result.stderr
     assert not (tmp_path / "log").exists()
+
+
+def folder_contents(folder):
+    return sorted((str(path.relative_to(folder)), path.is_dir() or path.read_bytes())
+                  for path in folder.rglob("*"))
+
+
+NOT_IPV4 = "is not a valid IPv4 address: write four numbers 0-255 without leading zeros, like 10.0.0.1"
+NOT_A_NAME = ("is not a valid hostname: use letters, digits and '-' between dots (at most 63 each, "
+              "not starting or ending with '-')")
+UNWRITABLE_LOG = "pass a folder you can write to as --log_dir"
+
+
+@pytest.mark.parametrize("args, message", [
+    # --log_dir: a file in the way, or a place nobody may create a folder
+    (["--log_dir", "taken", TRAIN], "--log_dir taken: taken is a file, not a folder: move it away, or pass "
+                                    "another --log_dir"),
+    (["--log_dir", "taken/logs", TRAIN], "--log_dir taken/logs: taken is a file, not a folder: move it away, "
+                                         "or pass another --log_dir"),
+    (["--log_dir", "/sys/fleetlite-logs", TRAIN],
+     f"--log_dir /sys/fleetlite-logs: cannot create /sys/fleetlite-logs (Operation not permitted): {UNWRITABLE_LOG}"),
+    # the script
+    (["folder"], "script folder is a directory, not a file: pass the training script (the .py file) to run"),
+    (["folder/"], "script folder/ is a directory, not a file: pass the training script (the .py file) to run"),
+    # --ips: every host an address or a name that resolves
+    (["--ips", "10.0.0", TRAIN], f"--ips: host 1 '10.0.0' {NOT_IPV4}"),
+    (["--ips", "127.0.0.1,10.0.0.300", "--host", "127.0.0.1", TRAIN], f"--ips: host 2 '10.0.0.300' {NOT_IPV4}"),
+    (["--ips", "127.0.0.1:6170", TRAIN], "--ips: host 1 '127.0.0.1:6170' has a port: --ips lists hosts "
+                                         "only; rank 0's store port is --start_port"),
+    (["--ips", "node 1", TRAIN], "--ips: host 1 'node 1' contains a space: separate hosts with commas only"),
+    (["--ips", "127.0.0.1,node_2", TRAIN], f"--ips: host 2 'node_2' {NOT_A_NAME}"),
+    (["--ips", "127.0.0.1,,127.0.0.2", TRAIN], "--ips='127.0.0.1,,127.0.0.2': item 2 of the "
+                                               "comma-separated list is empty: remove the extra comma"),
+    (["--ips", "127.0.0.1,", TRAIN], "--ips='127.0.0.1,': item 2 of the comma-separated list is empty: "
+                                     "remove the extra comma"),
+    (["--ips", ",127.0.0.1", TRAIN], "--ips=',127.0.0.1': item 1 of the comma-separated list is empty: "
+                                     "remove the extra comma"),
+    (["--ips", "127.0.0.1,localhost,LOCALHOST.", "--host", "127.0.0.1", TRAIN],
+     "--ips lists localhost twice (positions 2 and 3) (as localhost and LOCALHOST.): list each host "
+     "once; --nproc_per_node or --gpus sets its workers"),
+])
+def test_bad_input_is_refused_before_anything_starts_with_the_cause_and_the_fix(tmp_path, args, message):
+    (tmp_path / "taken").write_text("a file, not a folder")
+    (tmp_path / "folder").mkdir()
+    before = folder_contents(tmp_path)
+    result = fleetrun(args, tmp_path, timeout=30)
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert result.stderr == f"fleetrun: error: {message}\n"
+    assert folder_contents(tmp_path) == before     # no log folder, no worker log: nothing started
+
+
+@pytest.mark.parametrize("log_dir, message", [
+    ("read-only/logs", f"--log_dir read-only/logs: cannot create read-only/logs (Permission denied): {UNWRITABLE_LOG}"),
+    ("read-only", f"--log_dir read-only: the folder is not writable (permission denied): {UNWRITABLE_LOG}"),
+])
+def test_a_log_dir_the_user_may_not_write_is_refused_before_anything_starts(tmp_path, log_dir, message):
+    (tmp_path / "read-only").mkdir(mode=0o555)
+    result = fleetrun(["--log_dir", log_dir, TRAIN], tmp_path, timeout=30, prefix=without_root_override())
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", f"fleetrun: error: {message}\n")
+    assert [path.name for path in tmp_path.rglob("*")] == ["read-only"]
+
+
+def test_a_host_name_that_does_not_resolve_is_refused_by_name(tmp_path):
+    result = fleetrun(["--ips", "127.0.0.1,no-such-host.invalid", "--host", "127.0.0.1", TRAIN], tmp_path,
+                      timeout=30)
+    assert result.returncode == 2 and result.stdout == ""
+    assert re.fullmatch(r"fleetrun: error: --ips: host 'no-such-host\.invalid' does not resolve \(.+\): "
+                        r"fix the name, or list the host by its IP address\n", result.stderr), result.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_explain_runs_the_script_once_as_rank_0_of_the_planned_job(tmp_path):

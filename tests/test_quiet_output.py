@@ -1,11 +1,15 @@
 """Worker logs hold what the user can act on, not Paddle talking to itself: a real 2-rank job
 through fleetrun logs none of the three start-up messages fleetlite stops at their source
-(fleetlite/paddle_noise.py), and each stop holds only its own message."""
+(fleetlite/paddle_noise.py), and each stop holds only its own message. Outside fleetrun, a
+plain import of a fleetlite module that imports Paddle first is quiet too."""
 import os
+import subprocess
+import sys
 import warnings
 from types import SimpleNamespace
 
 from fleetlite import paddle_noise
+from multiprocess import clean_environment
 from test_launcher_processes import fleetrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,6 +26,13 @@ def test_a_two_rank_job_logs_none_of_paddles_start_up_noise(tmp_path):
     for rank, log in logs.items():
         assert [message for message in NOISE if message in log] == [], f"rank {rank}:\n{log}"
     assert logs[0].splitlines()[0].startswith("fleetlite compile report: rank 0/2")
+
+
+def test_importing_fleetlite_topk_first_prints_nothing(tmp_path):
+    env = {name: value for name, value in clean_environment().items() if name != "PYTHONWARNINGS"}
+    result = subprocess.run([sys.executable, "-c", "import fleetlite.topk"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
 
 
 def test_each_hold_is_one_message_from_one_place_and_lasts_only_around_its_call():

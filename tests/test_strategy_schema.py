@@ -4,10 +4,11 @@ from google.protobuf.descriptor import FieldDescriptor as FD
 
 import fleetlite as fleet
 from fleetlite import schema
-from fleetlite.errors import (FieldRangeError, FieldTypeError, StrategyConflictError,
+from fleetlite.errors import (CompileError, FieldRangeError, FieldTypeError, StrategyConflictError,
                               StrategyFileError, UnknownFieldError)
 from fleetlite.field_rules import RULES, OneOf, Range
 from fleetlite.proto import strategy_pb2
+from fleetlite.topology import Topology
 
 
 def _non_default_scalar(field, path):
@@ -142,6 +143,31 @@ def test_wrong_type_names_field_and_expected_type(field, value, expected):
     assert info.value.field == field and expected in str(info.value)
 
 
+def _field(path):
+    descriptor = strategy_pb2.DistributedStrategy.DESCRIPTOR
+    for name in path.split("."):
+        field = descriptor.fields_by_name[name]
+        descriptor = field.message_type
+    return field
+
+
+CHOICE_FIELDS = [(path, rule) for path, rule in RULES.items() if isinstance(rule, OneOf)]
+
+
+@pytest.mark.parametrize("path, rule", CHOICE_FIELDS, ids=[path for path, _ in CHOICE_FIELDS])
+@pytest.mark.parametrize("wrong", [3.5, True, None, {"a": 1}])
+def test_wrong_type_for_a_field_of_choices_lists_the_choices(path, rule, wrong):
+    """Every field whose rule is a set of choices, given a value of the wrong type (an int where a
+    string goes, a string where an int goes, ...), names the choices, not just the type."""
+    section, name = path.rsplit(".", 1) if "." in path else (None, path)
+    target = getattr(fleet.DistributedStrategy(), section) if section else fleet.DistributedStrategy()
+    wrong = "0" if wrong is None and isinstance(rule.choices[0], int) else wrong
+    with pytest.raises(FieldTypeError) as info:
+        target[name] = [wrong] if path == "data_configs.cache_levels" else wrong
+    assert info.value.field == path
+    assert str(info.value).endswith(f"; set it to {schema._type_name(_field(path))}, {rule.describe()}"), str(info.value)
+
+
 def test_wrong_type_inside_a_list():
     with pytest.raises(FieldTypeError) as info:
         fleet.DistributedStrategy().amp_configs = {"custom_white_list": "pool2d"}
@@ -248,6 +274,59 @@ def test_validate_rejects_knobs_outside_data_parallelism(field, words):
     with pytest.raises(StrategyConflictError) as info:
         s.validate()
     assert info.value.field == field and words in str(info.value) and f"set {field}: false" in str(info.value)
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({"sharding": True, "dgc": True}, ("dgc", "sharding")),
+    ({"pto": True, "dgc": True}, ("dgc", "pto")),
+    ({"pto": True, "sharding": True, "dgc": True}, ("dgc", "pto")),
+    ({"amp": True, "dgc": True}, ("dgc", "amp")),
+    ({"topk": True, "dgc": True}, ("dgc", "topk")),
+    ({"dgc": True, "gradient_merge": True}, ("dgc", "gradient_merge")),
+])
+def test_a_pass_conflict_is_refused_at_validate_naming_the_fields_set(fields, named):
+    """Refused by validate() (fleet.init, distributed_optimizer, `fleetlite strategy validate`), not
+    first by minimize, and named by what the user set: `sharding`, not the pass that runs it (pto)."""
+    s = fleet.DistributedStrategy()
+    for field, value in fields.items():
+        setattr(s, field, value)
+    with pytest.raises(StrategyConflictError) as info:
+        s.validate()
+    first, second = named
+    assert str(info.value).startswith(f"'{first}' and '{second}' cannot be used together: ")
+    assert str(info.value).endswith(f"; turn '{first}' or '{second}' off") and info.value.field == first
+
+
+@pytest.mark.parametrize("fields, world, words", [
+    ({"pto": True}, 1, "strict: pto was requested but does nothing here: one rank: it updates every parameter itself"),
+    ({"sharding": True, "sharding_configs": {"sharding_degree": 1}}, 1, "strict: sharding was requested"),
+    ({"dgc": True}, 1, "strict: dgc was requested but does nothing here: needs data_parallel, which was skipped "
+                       "(one rank: there is nothing to reduce)"),
+    ({"use_hierarchical_allreduce": True}, 2, "the intra group is the whole world (2 ranks)"),
+    ({"gradient_merge": True}, 2, "k_steps = 1: every step already communicates and updates"),
+    ({"cudnn_exhaustive_search": True}, 2, "strict: cudnn_exhaustive_search was requested but does nothing here"),
+    ({"sync_nccl_allreduce": False}, 2, "gloo collectives are synchronous"),
+])
+def test_strict_refuses_a_no_op_of_the_declared_world_at_validate(fields, world, words):
+    """What strict refuses knowing only the strategy and the world (fleet.init's, or `fleetlite
+    explain --world`) is refused by validate(topology), not first when minimize compiles."""
+    s = fleet.DistributedStrategy()
+    for field, value in fields.items():
+        setattr(s, field, value)
+    s.validate(Topology.grid(world))                 # without strict: a skip the report lists
+    s.strict = True
+    s.validate()                                     # no world declared yet: nothing to decide
+    with pytest.raises(StrategyConflictError) as info:
+        s.validate(Topology.grid(world))
+    assert words in str(info.value) and str(info.value).endswith("; change the strategy or set strict: false")
+
+
+def test_strict_refuses_a_knob_no_pass_reads_at_validate():
+    s = fleet.DistributedStrategy()
+    s.localsgd, s.strict = True, True
+    with pytest.raises(CompileError, match="strict: localsgd was requested but no fleetlite pass implements it yet "
+                                           r"\(set: localsgd\); remove it or set strict: false"):
+        s.validate()
 
 
 def test_validate_rejects_parameter_server_mode():

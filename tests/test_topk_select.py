@@ -124,6 +124,29 @@ def test_tensors_in_tensors_out(implementation):
     check_selection(x, values.numpy(), indices.numpy(), 500)
 
 
+def test_a_numpy_array_is_selected_in_its_own_memory_and_the_results_are_the_callers(implementation,
+                                                                                     monkeypatch):
+    x = RNG.standard_normal(SAMPLED).astype("float32")
+    assert topk.tensor_over(x).data_ptr() == x.ctypes.data          # shared, not copied
+    expected = topk.mstopk(paddle.to_tensor(x), 500, implementation=implementation)
+    with monkeypatch.context() as patch:
+        patch.setattr(paddle, "to_tensor", lambda *args, **kwargs: pytest.fail("the array was copied"))
+        values, indices = topk.mstopk(x, 500, implementation=implementation)
+        everything, _ = topk.mstopk(x[:100], 100)
+    np.testing.assert_array_equal(values, expected[0].numpy())
+    np.testing.assert_array_equal(indices, expected[1].numpy())
+    assert not np.shares_memory(everything, x)                     # k >= numel: a copy of x, not x
+
+
+@pytest.mark.parametrize("array", [RNG.standard_normal(2 * SAMPLED).astype("float32")[::2],
+                                   np.asfortranarray(RNG.standard_normal((500, 400)))], ids=["strided", "fortran"])
+def test_an_array_paddle_cannot_share_is_copied_and_selected_right(array, implementation):
+    assert topk.tensor_over(array).data_ptr() != array.ctypes.data
+    values, indices = topk.mstopk(array, 300, implementation=implementation)
+    check_selection(array, values, indices, 300)
+    assert tie_aware_recall(array.reshape(-1), indices, 300) >= 0.95
+
+
 KERNEL_OPS = {"custom_op.fleetlite_mstopk", "pd_op.assert"}           # the kernel, then the finite check
 COMPOSITION_OPS = {"pd_op.nonzero", "pd_op.strided_slice", "pd_op.if", "pd_op.assert"}
 

@@ -12,7 +12,7 @@ from fleetlite.launcher.spec import parse_launch_spec
 from fleetlite.strategy import DistributedStrategy
 from fleetlite.tuning import search, space, strategy_writer
 from fleetlite.tuning.search import TrialResult, decide, next_trial, stop_early
-from multiprocess import clean_environment
+from multiprocess import clean_environment, without_root_override
 
 FUSE = space.Knob("fuse_grad_size_in_MB", (4, 16, 32))
 RINGS = space.Knob("nccl_comm_num", (1, 2))
@@ -210,6 +210,60 @@ def test_fleetlite_tune_on_two_cpu_ranks_writes_a_valid_strategy(tmp_path):
     assert strategy.fuse_grad_size_in_MB == int(changed.get("fuse_grad_size_in_MB", 4))
     assert strategy.pto == (changed.get("pto") == "True")
     assert re.search(r"spread between repeats \(noise\)|no config ran twice", result.stderr)
+
+
+def folder_contents(folder):
+    return sorted((str(path.relative_to(folder)), path.is_dir() or path.read_bytes())
+                  for path in folder.rglob("*"))
+
+
+OUT_OF_RANGE = "is out of range: the search needs a finite, positive number of seconds (e.g. --budget 120)"
+NOT_WRITABLE = "make it writable, or tune a writable copy"
+FLEETRUN_TUNE = ["-m", "fleetlite.launcher", "--tune"]
+FLEETLITE_TUNE = ["-m", "fleetlite.cli", "tune"]
+
+
+@pytest.mark.parametrize("entry, argv, message", [
+    (FLEETRUN_TUNE, ["--explain"], "--tune and --explain cannot be used together: --explain prints the "
+                                   "compile report and trains nothing, --tune times trials; run one, then the other"),
+    (FLEETLITE_TUNE, ["--explain"], "--tune and --explain cannot be used together: --explain prints the "
+                                    "compile report and trains nothing, --tune times trials; run one, then the other"),
+    (FLEETLITE_TUNE, ["--budget", "nan"], f"--budget nan {OUT_OF_RANGE}"),
+    (FLEETRUN_TUNE, ["--budget", "inf"], f"--budget inf {OUT_OF_RANGE}"),
+    (FLEETLITE_TUNE, ["--budget=-inf"], f"--budget -inf {OUT_OF_RANGE}"),
+    (FLEETLITE_TUNE, ["--budget", "1e999"], f"--budget inf {OUT_OF_RANGE}"),
+    (FLEETLITE_TUNE, ["--budget", "0"], f"--budget 0 {OUT_OF_RANGE}"),
+    (FLEETRUN_TUNE, ["--budget", "-30"], f"--budget -30 {OUT_OF_RANGE}"),
+    # the write-back target, checked before the search spends the budget
+    (FLEETLITE_TUNE, ["--strategy_file", "blocked/s.yaml"],
+     f"--strategy_file blocked/s.yaml: the tuner could not write the winner next to it (Is a directory: "
+     f"blocked/.s.yaml.tuned.yaml): {NOT_WRITABLE}"),
+    pytest.param(FLEETLITE_TUNE, ["--strategy_file", "read-only-file/s.yaml"],
+                 f"--strategy_file read-only-file/s.yaml: the file is read-only, so the tuner could not write "
+                 f"the winner into it: {NOT_WRITABLE}"),
+    pytest.param(FLEETRUN_TUNE, ["--strategy_file", "read-only-folder/s.yaml"],
+                 f"--strategy_file read-only-folder/s.yaml: the tuner could not write the winner next to it "
+                 f"(Permission denied: read-only-folder/.s.yaml.tuned.yaml): {NOT_WRITABLE}"),
+    # the launch's own pre-start checks, made before the first trial
+    (FLEETLITE_TUNE, ["--log_dir", "train.py"], "--log_dir train.py: train.py is a file, not a folder: move it "
+                                                "away, or pass another --log_dir"),
+    (FLEETRUN_TUNE, ["--ips", "10.0.0"], "--ips: host 1 '10.0.0' is not a valid IPv4 address: write four "
+                                         "numbers 0-255 without leading zeros, like 10.0.0.1"),
+])
+def test_tune_refuses_bad_input_before_the_search(tmp_path, entry, argv, message):
+    for folder in ("writable", "blocked", "read-only-file", "read-only-folder"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "s.yaml").write_text(YAML_TEXT)
+    (tmp_path / "blocked" / ".s.yaml.tuned.yaml").mkdir()
+    (tmp_path / "read-only-file" / "s.yaml").chmod(0o444)
+    (tmp_path / "read-only-folder").chmod(0o555)
+    (tmp_path / "train.py").write_text("raise SystemExit(0)\n")
+    before = folder_contents(tmp_path)
+    result = subprocess.run([*without_root_override(), sys.executable, *entry, "--strategy_file", "writable/s.yaml", "--budget", "20",
+                             *argv, "train.py"], cwd=tmp_path, env=clean_environment(), capture_output=True,
+                            text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", f"fleetrun: error: {message}\n")
+    assert folder_contents(tmp_path) == before     # no trial ran, no log folder, the strategy untouched
 
 
 @pytest.mark.parametrize("argv", [

@@ -7,6 +7,7 @@ preprocessing (`augment`) runs after the cache with a generator per (seed, epoch
 cache never changes what is fed. Hits and misses of every level are counted per epoch.
 """
 import atexit
+import contextlib
 import functools
 import hashlib
 import os
@@ -15,18 +16,17 @@ from collections import Counter
 import numpy as np
 
 from fleetlite.data import job
-from fleetlite.data.disk_cache import DiskCache
+from fleetlite.data.disk_cache import DiskCache, cache_dir_errors, make_cache_dir
+from fleetlite.data.settings import LEVELS, unknown_or_repeated_levels
 from fleetlite.data.shared_store import SharedSampleStore, default_folder
 from fleetlite.errors import DataError
-
-LEVELS = ("disk", "memory")
 
 
 def check_levels(levels):
     levels = list(levels)
-    unknown = [level for level in levels if level not in LEVELS]
-    if unknown or len(set(levels)) != len(levels):
-        raise DataError(f"cache_levels {levels}: list each of {', '.join(map(repr, LEVELS))} at most once")
+    problem = unknown_or_repeated_levels(levels)
+    if problem:
+        raise DataError(f"cache_levels {levels} {problem}: list each of {', '.join(map(repr, LEVELS))} at most once")
     return levels
 
 
@@ -65,9 +65,11 @@ class CachedSamples:
         self.disk = DiskCache(cache_dir, source) if "disk" in self.levels else None
         self.memory = None
         if "memory" in self.levels:
-            folder = store_folder or default_folder() or cache_dir
-            self.memory = SharedSampleStore(os.path.join(folder, self.store_name(cache_dir, memory_bytes)),
-                                            len(self.names), memory_bytes)
+            folder = store_folder or default_folder()
+            with contextlib.nullcontext() if folder else cache_dir_errors(os.path.abspath(cache_dir)):
+                folder = folder or make_cache_dir(cache_dir)     # no /dev/shm: the store lives in cache_dir
+                self.memory = SharedSampleStore(os.path.join(folder, self.store_name(cache_dir, memory_bytes)),
+                                                len(self.names), memory_bytes)
             atexit.register(self.memory.unlink)
 
     def store_name(self, cache_dir, memory_bytes):

@@ -7,6 +7,7 @@ atomic on POSIX file systems; a power loss is not covered: there is no fsync). R
 node copy each file once between them: a per-file lock makes the second rank wait for the
 first and then read its copy. Temporary files of dead processes are removed when a cache opens.
 """
+import contextlib
 import hashlib
 import itertools
 import os
@@ -20,13 +21,36 @@ from fleetlite.process_liveness import process_exists
 ENTRIES, LOCKS, PARTIAL = "entries", "locks", "partial"
 
 
+@contextlib.contextmanager
+def cache_dir_errors(folder):
+    """An OS error on the cache folder (a file in its place, no permission, a full disk) as one
+    line naming data_configs.cache_dir and the path, instead of a traceback from deep inside a read."""
+    try:
+        yield
+    except OSError as error:
+        cause = error.strerror or str(error)
+        if isinstance(error, (FileExistsError, NotADirectoryError)):
+            cause += ", a file stands where the cache needs a folder"
+        where = f" ({error.filename})" if error.filename and error.filename != folder else ""
+        raise DataError(f"data_configs.cache_dir {folder} cannot be used: {cause}{where}; set cache_dir to a "
+                        f"local folder this process can create and write") from None
+
+
+def make_cache_dir(folder, *parts):
+    """`folder` (absolute) with its sub-folders `parts` created, or the DataError of cache_dir_errors."""
+    folder = os.path.abspath(os.fspath(folder))
+    with cache_dir_errors(folder):
+        for path in (folder, *(os.path.join(folder, part) for part in parts)):
+            os.makedirs(path, exist_ok=True)
+    return folder
+
+
 class DiskCache:
     """Copies of `source`'s files under `folder`; `read(name)` returns (bytes, hit)."""
 
     def __init__(self, folder, source, lock_timeout=300.0):
-        self.folder, self.source, self.lock_timeout = os.path.abspath(os.fspath(folder)), source, lock_timeout
-        for part in (ENTRIES, LOCKS, PARTIAL):
-            os.makedirs(os.path.join(self.folder, part), exist_ok=True)
+        self.folder = make_cache_dir(folder, ENTRIES, LOCKS, PARTIAL)
+        self.source, self.lock_timeout = source, lock_timeout
         self._counter = itertools.count()
         self._remove_partial_copies_of_dead_processes()
 
@@ -44,16 +68,19 @@ class DiskCache:
         entry = self.entry_path(name)
         if os.path.exists(entry):
             return entry, True
-        with self._file_lock(name):
+        with contextlib.ExitStack() as held:
+            with cache_dir_errors(self.folder):    # the lock file lives in the cache folder too
+                held.enter_context(self._file_lock(name))
             if os.path.exists(entry):       # a neighbour copied it while we waited
                 return entry, True
             data = self.source.read(name)
-            os.makedirs(os.path.dirname(entry), exist_ok=True)
             partial = os.path.join(self.folder, PARTIAL,
                                    f"{os.getpid()}-{threading.get_ident()}-{next(self._counter)}")
-            with open(partial, "wb") as out:
-                out.write(data)
-            os.replace(partial, entry)
+            with cache_dir_errors(self.folder):
+                os.makedirs(os.path.dirname(entry), exist_ok=True)
+                with open(partial, "wb") as out:
+                    out.write(data)
+                os.replace(partial, entry)
         return entry, False
 
     def _file_lock(self, name):

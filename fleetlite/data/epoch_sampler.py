@@ -69,7 +69,7 @@ def dataset_size(dataset_or_size):
 
 
 def check_batch_size(batch_size, name="batch_size"):
-    if not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+    if not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool) or batch_size < 1:
         raise DataError(f"{name} = {batch_size!r}: it must be a whole number >= 1")
     return int(batch_size)
 

@@ -2,26 +2,32 @@
 classification set for this rank, from the loader and cache levels `data_configs` names.
 
 - loader "paddle": files read through `CachedSamples` (cache_levels, cache_dir,
-  memory_cache_MB), decoded with PIL, augmented with numpy, batched by the node-partition
-  sampler (or the distributed one without a cache) and read ahead by a prefetch thread;
+  memory_cache_MB), decoded with PIL to `resize` x `resize`, augmented with numpy (evaluation:
+  the centre crop), batched by the node-partition sampler (or the distributed one without a
+  cache) and read ahead by a prefetch thread;
 - loader "dali" without cache levels: the DALI pipeline of dali_pipeline.py, which reads the
   files itself, sharded by rank;
 - loader "dali" with cache levels ("cache after decode"): files read and decoded through
   `CachedSamples` as for "paddle", batched by the node-partition sampler, and augmented in DALI
   operators fed from the cache (dali_augmentation.py), read ahead by the prefetch thread.
-All yield [images float32 NCHW, labels int64 N x 1], ready for `exe.run(feed=...)`.
+All yield [images float32 NCHW, labels int64 N x 1], ready for `exe.run(feed=...)`, normalized by
+ImageNet's mean and std in training and evaluation (`training=False`: the `crop` x `crop` centre
+of the image resized to `resize` on its shorter side).
 """
 import functools
+import numbers
 import os
 
 import numpy as np
 
-from fleetlite.data import job
+from fleetlite.data import job, settings
 from fleetlite.data.cached_samples import CachedSamples
 from fleetlite.data.dali_augmentation import DaliAugmentation
 from fleetlite.data.dali_pipeline import DaliBatches, gpu_batches, image_pipeline
+from fleetlite.data.disk_cache import cache_dir_errors, make_cache_dir
 from fleetlite.data.distributed import DistributedBatchSampler
-from fleetlite.data.image_transforms import augment_image, decode_image
+from fleetlite.data.epoch_sampler import check_batch_size
+from fleetlite.data.image_transforms import augment_image, centre_crop_image, decode_image
 from fleetlite.data.node_partition import NodePartitionBatchSampler
 from fleetlite.data.prefetch import Prefetcher
 from fleetlite.data.sources import FileSource
@@ -120,21 +126,24 @@ def image_loader(images, strategy=None, batch_size=None, *, crop=224, resize=256
     `source` replaces plain file reads (e.g. a ThrottledSource over the same folder); `seed`
     defaults to data_configs.seed."""
     config = job.data_config(strategy)
-    if batch_size is None or batch_size < 1:
-        raise DataError(f"image_loader needs batch_size >= 1 (samples per rank per step), got {batch_size}")
+    check_options(batch_size=batch_size, crop=crop, resize=resize, prefetch=prefetch, num_threads=num_threads,
+                  training=training, seed=seed)
+    settings.check(config, job.topology())
+    if config.sampler != settings.ANY_LOADER_SAMPLER:
+        raise DataError(f"data_configs.sampler = {config.sampler!r}: image_loader batches with the distributed sampler "
+                        f"(node partition with cache_levels) and cannot honour it; set sampler: distributed, or "
+                        f"use fleetlite.data.loader(dataset, strategy) for the {config.sampler} sampler")
     seed = int(config.seed) if seed is None else seed
     root, names, labels = image_list(images)
-    if config.loader not in ("paddle", "dali"):
-        raise DataError(f"data_configs.loader = {config.loader!r}: use 'paddle' or 'dali'")
     if config.loader == "dali" and not config.cache_levels:
         return _dali_batches(images, root, names, labels, config, batch_size, crop, resize, training, seed,
                              num_threads)
     if config.loader == "dali":        # cache after decode: DALI augments what the cache delivers
-        decode_size, augment = resize, None
+        augment = None
     else:
-        decode_size, augment = (resize, functools.partial(augment_image, crop=crop)) if training else (crop, None)
+        augment = functools.partial(augment_image if training else centre_crop_image, crop=crop)
     dataset = CachedSamples(source or FileSource(root), names, labels,
-                            functools.partial(decode_image, size=decode_size), augment,
+                            functools.partial(decode_image, size=resize), augment,
                             levels=config.cache_levels, cache_dir=config.cache_dir,
                             memory_bytes=config.memory_cache_MB << 20, seed=seed)
     sampler_type = NodePartitionBatchSampler if config.cache_levels else DistributedBatchSampler
@@ -149,12 +158,23 @@ def image_loader(images, strategy=None, batch_size=None, *, crop=224, resize=256
     return PrefetchLoader(dataset, sampler, prefetch, augmentation)
 
 
+def check_options(training, seed, **counts):
+    """image_loader's own options (they reach DALI's operators, whose type errors name no option)."""
+    for name, value in counts.items():
+        check_batch_size(value, f"image_loader's {name}")
+    if not isinstance(training, bool):
+        raise DataError(f"image_loader's training = {training!r}: pass True (augment) or False (evaluation)")
+    if seed is not None and (not isinstance(seed, numbers.Integral) or isinstance(seed, bool)):
+        raise DataError(f"image_loader's seed = {seed!r}: pass a whole number, or None for data_configs.seed")
+
+
 def _dali_batches(images, root, names, labels, config, batch_size, crop, resize, training, seed, num_threads):
     if os.path.isdir(images):      # DALI's own folder reading skips nothing; give it the same list
-        images = os.path.join(config.cache_dir, f"dali-files-{os.getpid()}.txt")
-        os.makedirs(config.cache_dir, exist_ok=True)
-        with open(images, "w") as out:
-            out.writelines(f"{os.path.join(root, n)} {label}\n" for n, label in zip(names, labels))
+        folder = make_cache_dir(config.cache_dir)
+        images = os.path.join(folder, f"dali-files-{os.getpid()}.txt")
+        with cache_dir_errors(folder):
+            with open(images, "w") as out:
+                out.writelines(f"{os.path.join(root, n)} {label}\n" for n, label in zip(names, labels))
     here = job.topology()
     gpu = here.device == "gpu"
     pipeline = image_pipeline(os.path.abspath(images), batch_size, here.rank, here.world_size,

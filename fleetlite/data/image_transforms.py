@@ -6,6 +6,8 @@ exactly what an uncached one does.
 The augmentations are DALI's `random_resized_crop` + `crop_mirror_normalize` in PIL/numpy:
 area fraction in [0.08, 1], aspect ratio in [3/4, 4/3] (log-uniform), 10 tries then a centre
 crop, a horizontal flip with probability 1/2, CHW float32 normalized by ImageNet's mean and std.
+Evaluation (`centre_crop_image`) is DALI's evaluation pipeline the same way: the centre crop of
+the decoded image, normalized as in training, so both loaders feed the same layout and values.
 """
 import io
 import math
@@ -52,10 +54,22 @@ def augment_image(image, rng, crop, mean=IMAGENET_MEAN, std=IMAGENET_STD):
     patch = picture.resize((crop, crop), Image.BILINEAR, box=(left, top, left + w, top + h))
     if rng.random() < 0.5:
         patch = patch.transpose(Image.FLIP_LEFT_RIGHT)
-    pixels = np.asarray(patch)
+    return normalized_chw(np.asarray(patch), mean, std)
+
+
+def centre_crop_image(image, rng, crop, mean=IMAGENET_MEAN, std=IMAGENET_STD):
+    """uint8 HWC -> float32 CHW: the evaluation transform, a centre `crop` x `crop` normalized as
+    in training. Deterministic: it takes `rng` only to fit CachedSamples' augment slot."""
+    pixels = np.asarray(image)
+    top, left = (pixels.shape[0] - crop) // 2, (pixels.shape[1] - crop) // 2
+    return normalized_chw(pixels[top:top + crop, left:left + crop], mean, std)
+
+
+def normalized_chw(pixels, mean=IMAGENET_MEAN, std=IMAGENET_STD):
+    """uint8 HWC -> float32 CHW, (x / 255 - mean) / std per channel."""
     scale = 1 / (255 * np.asarray(std, np.float32))
     shift = -np.asarray(mean, np.float32) / np.asarray(std, np.float32)
-    out = np.empty((3, crop, crop), np.float32)
+    out = np.empty((3, *pixels.shape[:2]), np.float32)
     for channel in range(3):     # (x / 255 - mean) / std as one multiply-add, written straight into CHW
         np.multiply(pixels[:, :, channel], scale[channel], out=out[channel], casting="unsafe")
         out[channel] += shift[channel]

@@ -1,7 +1,7 @@
 """`fleetlite.data.loader(dataset, strategy)`: a `paddle.io.DataLoader` with the sampler the
 strategy's `data_configs` asks for, so a Fleet script needs one line to feed every rank its
 own, equal share."""
-from fleetlite.data import job
+from fleetlite.data import job, settings
 from fleetlite.data.cached_samples import CachedSamples
 from fleetlite.data.class_balanced import ClassBalancedBatchSampler
 from fleetlite.data.distributed import DistributedBatchSampler, EvalBatchSampler, ShardBatchSampler
@@ -25,7 +25,9 @@ def loader(dataset, strategy=None, batch_size=None, *, labels=None, weights=None
     """
     import paddle
 
-    refuse_image_settings(dataset, job.data_config(strategy))
+    config = job.data_config(strategy)
+    settings.check(config)
+    refuse_image_settings(dataset, config)
     return paddle.io.DataLoader(dataset, batch_sampler=make_sampler(
         dataset, strategy, batch_size, labels=labels, weights=weights, evaluation=evaluation,
         shuffle=shuffle, drop_last=drop_last), **dataloader_args)

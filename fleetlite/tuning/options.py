@@ -1,4 +1,5 @@
 """The tuning flags fleetrun accepts next to its launch flags (`fleetrun --tune ...`)."""
+import math
 from dataclasses import dataclass
 
 from fleetlite.errors import LaunchError
@@ -39,13 +40,17 @@ def tune_options(args):
         if given:
             raise LaunchError(f"--{next(iter(given))} only applies with --tune")
         return None
+    if args.explain:
+        raise LaunchError("--tune and --explain cannot be used together: --explain prints the compile "
+                          "report and trains nothing, --tune times trials; run one, then the other")
     if "strategy_file" not in given:
         raise LaunchError("--tune needs --strategy_file FILE: the strategy file to start from and "
                           "write the winner into")
     options = TuneOptions(args.strategy_file, given.get("budget", DEFAULT_BUDGET_S),
                           given.get("tune_steps", DEFAULT_STEPS), given.get("tune_warmup", DEFAULT_WARMUP))
-    if options.budget_s <= 0:
-        raise LaunchError(f"--budget {options.budget_s:g}: the search needs a positive number of seconds")
+    if not (math.isfinite(options.budget_s) and options.budget_s > 0):
+        raise LaunchError(f"--budget {options.budget_s:g} is out of range: the search needs a finite, "
+                          f"positive number of seconds (e.g. --budget {DEFAULT_BUDGET_S:g})")
     if options.steps < 1 or options.warmup < 0:
         raise LaunchError(f"--tune_steps {options.steps} / --tune_warmup {options.warmup}: time at least "
                           f"one step, after zero or more warm-up steps")

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from fleetlite import schema, strategy_files
+from fleetlite.errors import LaunchError
 from fleetlite.strategy import DistributedStrategy
 from fleetlite.tuning.space import nested_fields
 
@@ -48,6 +49,28 @@ def _set_prototxt(text, config, path):
     return strategy_files.to_prototxt(message)
 
 
+def _staged(path):
+    return path.with_name(f".{path.name}.tuned{path.suffix}")
+
+
+def check_writable(path):
+    """Refuse a strategy file the winner could not be written into, before the search spends
+    its budget: the file must be writable and its folder must take the staged copy that
+    replaces it (tried for real, then removed, as permissions alone do not bind root)."""
+    path = Path(path)
+    fix = "make it writable, or tune a writable copy"
+    if os.path.isfile(path) and not os.access(path, os.W_OK):
+        raise LaunchError(f"--strategy_file {path}: the file is read-only, so the tuner could not write "
+                          f"the winner into it: {fix}")
+    staged = _staged(path)
+    try:
+        staged.write_text("")
+        staged.unlink()
+    except OSError as exc:
+        raise LaunchError(f"--strategy_file {path}: the tuner could not write the winner next to it "
+                          f"({exc.strerror}: {exc.filename}): {fix}") from None
+
+
 def write_winner(path, config, table_lines):
     """Set `config`'s (field, value) pairs in the strategy file at `path` and append the table."""
     path = Path(path)
@@ -58,7 +81,7 @@ def write_winner(path, config, table_lines):
         body = _set_prototxt(text, config, str(path))
     body = body if body.endswith("\n") else body + "\n"
     body += "".join(f"{TABLE_PREFIX}{line}".rstrip() + "\n" for line in table_lines)
-    staged = path.with_name(f".{path.name}.tuned{path.suffix}")
+    staged = _staged(path)
     staged.write_text(body)
     try:
         DistributedStrategy.load(staged).validate()

@@ -14,7 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
-from fleetlite import process_group, schema, training_program
+from fleetlite import schema
 from fleetlite.tuning.space import nested_fields
 
 DIR = "FLEETLITE_TUNE_DIR"
@@ -92,7 +92,8 @@ class _Record:
 
 def measure_sync(shapes, strategy, topology, executor):
     """Median over a few runs of t(synthetic step with `strategy`'s sync) - t(without)."""
-    import paddle
+    import paddle   # imported here: the tuner's side of this module (trial_env...) runs without Paddle
+    from fleetlite import process_group, training_program
     if topology.world_size == 1:
         return 0.0
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fleetlite import schema
 from fleetlite.launcher.plan import check_spec
+from fleetlite.launcher.preflight import run_preflight
 from fleetlite.strategy import DistributedStrategy
 from fleetlite.tuning import search, space, strategy_writer
 from fleetlite.tuning.trials import check_tunable, run_trial
@@ -65,6 +66,10 @@ def tune(spec, environ, stop, out=None):
     options = spec.tune
     check_tunable(spec)
     fields = schema.flatten(DistributedStrategy.load(options.strategy_file).validate().to_dict(False))
+    strategy_writer.check_writable(options.strategy_file)
+    checked = run_preflight(spec, environ)   # what each trial's preflight would refuse, refused now
+    if checked.reservation:
+        checked.reservation.release()
     knobs, skipped = space.searched_knobs(job_shape(spec, fields))
 
     def say(line):

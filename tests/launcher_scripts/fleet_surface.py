@@ -8,10 +8,10 @@ Usage: fleet_surface.py OUT                 (under fleetrun / fleetlite run, any
 Checked in the job: a UserDefinedRoleMaker built the way Fleet scripts build it, agreeing with
 PaddleCloudRoleMaker; fleet.util's all_reduce (sum, max, min), all_gather, barrier,
 print_on_rank and get_file_shard; a model trained with fleet.ExecutionStrategy in its strategy;
-save_persistables by the first worker, loaded back by every rank, saved again over itself;
-save_inference_model and fleet.save, read back by every rank; a save that fails on the first
-worker halfway through, which every rank must see fail and which must leave the previous
-checkpoint as it was; the collective no-ops (is_worker, is_server, init_worker, stop_worker).
+save_persistables called by every rank (the first worker writes), loaded back by every rank
+after fleet.util.barrier(), saved again over itself; save_inference_model and fleet.save, read
+back by every rank; a save that fails on the first worker halfway through, which must raise
+there and leave the previous checkpoint as it was; the collective no-ops (is_worker, is_server, init_worker, stop_worker).
 """
 import contextlib
 import hashlib
@@ -116,6 +116,7 @@ def check_saving(out, exe, main, logits, loss, rank, world):
     result = {}
     ckpt = os.path.join(out, "ckpt")
     fleet.save_persistables(exe, ckpt, main)
+    fleet.util.barrier()                      # as in Fleet: the first worker's write is done
     trained = parameters(main)
     overwrite_parameters(main, 0.0)
     fleet.load_model(ckpt, executor=exe, main_program=main)
@@ -125,6 +126,7 @@ def check_saving(out, exe, main, logits, loss, rank, world):
 
     exe.run(main, feed=batch(9, rank, world), fetch_list=[loss])          # one more step, then over itself
     fleet.save_persistables(exe, ckpt, main)
+    fleet.util.barrier()
     retrained = parameters(main)
     overwrite_parameters(main, 0.0)
     fleet.load_model(ckpt, executor=exe, main_program=main)
@@ -137,6 +139,7 @@ def check_saving(out, exe, main, logits, loss, rank, world):
                 result[f"failed_save_{os.path.basename(target)}"] = "no error"
             except Exception as exc:  # what each rank saw
                 result[f"failed_save_{os.path.basename(target)}"] = f"{type(exc).__name__}: {exc}"
+            fleet.util.barrier()
     overwrite_parameters(main, 0.0)
     fleet.load_model(ckpt, executor=exe, main_program=main)
     result["after_failed_save_matches"] = all(np.array_equal(v, parameters(main)[k]) for k, v in retrained.items())
@@ -144,6 +147,7 @@ def check_saving(out, exe, main, logits, loss, rank, world):
 
     inference = os.path.join(out, "inference")
     fleet.save_inference_model(exe, inference, ["x"], [logits], main)
+    fleet.util.barrier()
     program, feeds, fetches = paddle.static.load_inference_model(os.path.join(inference, "model"), exe)
     x = np.arange(2 * FEATURES, dtype="float32").reshape(2, FEATURES) / 10
     result["inference"] = exe.run(program, feed={feeds[0]: x}, fetch_list=fetches)[0].tolist()
@@ -151,6 +155,7 @@ def check_saving(out, exe, main, logits, loss, rank, world):
     result["inference_reference"] = (x @ weight + bias).tolist()
     fleet.save(os.path.join(out, "saved"))
     fleet.save(os.path.join(out, "saved_inference"), feed=["x"], fetch=[logits])
+    fleet.util.barrier()
     result["fleet_save_files"] = sorted(os.listdir(os.path.join(out, "saved")))
     result["fleet_save_inference_files"] = sorted(os.listdir(os.path.join(out, "saved_inference")))
     return result
