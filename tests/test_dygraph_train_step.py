@@ -20,6 +20,7 @@ import paddle
 import pytest
 
 import fleetlite as fleet
+from fleetlite import api
 from fleetlite.env_contract import EXPLAIN_ONLY
 from fleetlite.errors import DygraphError
 from fleetlite.runtime import eager_data_parallel
@@ -98,7 +99,10 @@ def test_an_eager_step_on_a_model_distributed_model_did_not_wrap_is_refused_on_t
 
 
 @pytest.fixture()
-def one_rank():
+def one_rank(monkeypatch):
+    """An Mlp and 8 digits, after fleet.init of a one-rank job (undone after the test)."""
+    monkeypatch.setattr(api, "_job", None)
+    monkeypatch.setattr(api, "_optimizer", None)
     fleet.init(is_collective=True)
     paddle.seed(1)
     model = fleet.distributed_model(models.Mlp())
