@@ -257,6 +257,7 @@ class DistributedOptimizer:
         self.compile_report = None
         self._program = None        # the training program minimize() built
         self.compiled_state = CompiledOptimizerState(optimizer)   # what fleet.train_step's program holds
+        self._eager_step_checked = False
 
     def __getattr__(self, name):
         if name == "inner_opt":          # not set yet (e.g. during copy): do not recurse
@@ -290,13 +291,17 @@ class DistributedOptimizer:
         return self.inner_opt.step()
 
     def _check_eager_step(self):
-        """Refuse what the eager loop cannot do; under `fleetrun --explain`, say what it does and end."""
+        """Refuse what the eager loop cannot do (checked at the first step: the strategy and the
+        parameters do not change); under `fleetrun --explain`, say what it does and end."""
+        if self._eager_step_checked:
+            return
         explain = _explain_only()
         eager_data_parallel.check_step(self.inner_opt, self.user_defined_strategy, self.topology,
                                        wrapped_only=not explain)
         if explain:
             print(eager_data_parallel.EXPLAINED, flush=True)
             raise SystemExit(0)
+        self._eager_step_checked = True
 
     def state_dict(self):
         """The optimizer's state; in a script trained by fleet.train_step, its compiled program's."""

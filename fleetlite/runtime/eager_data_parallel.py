@@ -19,7 +19,7 @@ TRAIN_STEP = "train with step = fleet.train_step(model, loss_fn, opt) (docs/dygr
 EXPLAINED = ("fleetlite: this script trains by Fleet's eager loop (loss.backward(); opt.step()) on paddle.DataParallel: "
              "there is no program to compile, and only the fusion knobs apply; fleet.train_step compiles every knob")
 
-FUSION = ("fuse_grad_size_in_MB", "last_comm_group_size_MB", "find_unused_parameters")
+FUSION = ("fuse_all_reduce_ops", "fuse_grad_size_in_MB", "last_comm_group_size_MB", "find_unused_parameters")
 
 _synchronised = {}    # id of each parameter a DataParallel of distributed_model reduces: its FUSION values
 
@@ -28,7 +28,8 @@ def wrap(model, strategy, topology):
     """`model` as data parallel for the eager loop (the model itself on one rank)."""
     if topology.world_size == 1 or isinstance(model, paddle.DataParallel):
         return model
-    wrapped = paddle.DataParallel(model, comm_buffer_size=strategy.fuse_grad_size_in_MB,
+    bucket_mb = strategy.fuse_grad_size_in_MB if strategy.fuse_all_reduce_ops else 0   # 0: one gradient per all-reduce
+    wrapped = paddle.DataParallel(model, comm_buffer_size=bucket_mb,
                                   last_comm_buffer_size=strategy.last_comm_group_size_MB,
                                   find_unused_parameters=strategy.find_unused_parameters)
     fusion = tuple(getattr(strategy, field) for field in FUSION)
