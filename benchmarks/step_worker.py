@@ -53,7 +53,8 @@ def fleetlite_static(batch, model=mlp, sample_shape=(SIZES[0],), make_data=data,
     return step, fleet.barrier_worker
 
 
-def paddle_dataparallel(batch):
+def paddle_dataparallel(batch, model=mlp, make_data=data):
+    """`model` trained by Paddle's eager loop on paddle.DataParallel (2+ processes)."""
     import paddle
     import paddle.distributed as dist
     from paddle.distributed import collective
@@ -61,10 +62,10 @@ def paddle_dataparallel(batch):
     world = int(__import__("os").environ["PADDLE_TRAINERS_NUM"])
     if world > 1:
         dist.init_parallel_env()
-    model = mlp(paddle.nn)
+    model = model(paddle.nn)
     model = paddle.DataParallel(model) if world > 1 else model
     optimizer = paddle.optimizer.SGD(0.01, parameters=model.parameters())
-    xs, ys = (paddle.to_tensor(a) for a in data(batch))
+    xs, ys = (paddle.to_tensor(a) for a in make_data(batch))
 
     def step():
         for _ in range(STEPS):

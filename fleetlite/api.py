@@ -18,10 +18,11 @@ import paddle
 
 from fleetlite.base.role_maker import PaddleCloudRoleMaker, RoleMakerBase
 from fleetlite.errors import FleetliteError, ForeignLauncherError, StrategyConflictError
-from fleetlite.runtime import checkpoint, process_group, sharded_state
+from fleetlite.runtime import checkpoint, eager_data_parallel, process_group, sharded_state
 from fleetlite.runtime.collective_waits import waiting_in
 from fleetlite.runtime.distributed_optimizer import DistributedOptimizer, explain_only
 from fleetlite.runtime.job_values import JobValues
+from fleetlite.runtime.train_step import TrainStep
 from fleetlite.strategy.distributed_strategy import DistributedStrategy
 from fleetlite.topology import foreign_launcher
 from fleetlite.tuning import trial_worker
@@ -221,3 +222,22 @@ def minimize(loss, startup_program=None, parameter_list=None, no_grad_set=None):
     if _optimizer is None:
         raise FleetliteError("fleet.minimize needs fleet.distributed_optimizer(optimizer) first")
     return _optimizer.minimize(loss, startup_program, parameter_list, no_grad_set)
+
+
+def distributed_model(model):
+    """Fleet's `distributed_model` for dygraph scripts: the eager Layer, still usable eagerly,
+    wrapped in paddle.DataParallel in a job of several ranks so that Fleet's eager loop trains data
+    parallel (see runtime.eager_data_parallel); `fleet.train_step(model, loss_fn, opt)` trains it
+    with every knob (docs/dygraph.md)."""
+    topology = _topology()
+    if explain_only():
+        return model
+    return eager_data_parallel.wrap(model, _job[1] or DistributedStrategy(), topology)
+
+
+def train_step(model, loss_fn, optimizer):
+    """`step(*batch) -> loss`: one compiled data-parallel training step of the eager `model` (the
+    loss is `loss_fn(model, *batch)`); see fleetlite.runtime.train_step and docs/dygraph.md."""
+    if not isinstance(optimizer, DistributedOptimizer):
+        optimizer = distributed_optimizer(optimizer)
+    return TrainStep(model, loss_fn, optimizer, util)

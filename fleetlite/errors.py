@@ -119,3 +119,7 @@ class ScriptDone(BaseException):
     --explain`, a tuning trial's timed steps): the worker's entry point ends the script there,
     with exit status 0. A BaseException, as SystemExit is, so a script's `except Exception`
     does not swallow it."""
+
+
+class DygraphError(FleetliteError):
+    """A dygraph script asked for something fleet.train_step or fleet's eager loop cannot do."""

@@ -33,8 +33,6 @@ UNSUPPORTED = {
     "load_inference_model": ("Fleet's loads a model into parameter-server tables; in a collective job "
                              "every rank reads the directory fleet.save_inference_model wrote with "
                              "paddle.static.load_inference_model(os.path.join(dirname, 'model'), exe)"),
-    "distributed_model": ("it wraps a dynamic-graph Layer (paddle.DataParallel); fleetlite rewrites "
-                          "static programs: use fleet.distributed_optimizer(...).minimize(loss)"),
     "distributed_scaler": ("it wraps a dynamic-graph GradScaler; in fleetlite, AMP loss scaling is "
                            "the strategy's amp knob (strategy.amp = True)"),
     "collective_perf": "Paddle's collective micro-benchmark; fleetlite's is benchmarks/gradsync.py",

@@ -10,7 +10,8 @@ import os
 import paddle
 
 from fleetlite.errors import FleetliteError, ScriptDone
-from fleetlite.runtime import process_group, steps_per_run, training_program
+from fleetlite.runtime import eager_data_parallel, process_group, steps_per_run, training_program
+from fleetlite.runtime.optimizer_state import CompiledOptimizerState
 from fleetlite.topology.env_contract import EXPLAIN_ONLY
 
 
@@ -29,6 +30,8 @@ class DistributedOptimizer:
         self.topology = topology
         self.compile_report = None
         self._program = None        # the training program minimize() built
+        self.compiled_state = CompiledOptimizerState(optimizer)   # what fleet.train_step's program holds
+        self._eager_step_checked = False
 
     def __getattr__(self, name):
         if name == "inner_opt":          # not set yet (e.g. during copy): do not recurse
@@ -36,6 +39,9 @@ class DistributedOptimizer:
         return getattr(self.inner_opt, name)
 
     def minimize(self, loss, startup_program=None, parameter_list=None, no_grad_set=None):
+        if paddle.in_dynamic_mode():      # the eager loop's minimize: an optimizer step on the gradients
+            self._check_eager_step()
+            return self.inner_opt.minimize(loss, startup_program, parameter_list, no_grad_set)
         built = training_program.build(loss, self.inner_opt, self.user_defined_strategy, self.topology,
                                        startup_program, parameter_list, no_grad_set)
         self.compile_report = built.report
@@ -52,6 +58,35 @@ class DistributedOptimizer:
         if self.topology.rank == 0:
             print(built.report.table(), flush=True)
         return built.optimize_ops, built.params_grads
+
+    def step(self):
+        """Fleet's eager loop (loss.backward(); opt.step()), data parallel through distributed_model."""
+        self._check_eager_step()
+        return self.inner_opt.step()
+
+    def _check_eager_step(self):
+        """Refuse what the eager loop cannot do (checked at the first step: the strategy and the
+        parameters do not change); under `fleetrun --explain`, say what it does and end the script."""
+        if self._eager_step_checked:
+            return
+        explain = explain_only()
+        eager_data_parallel.check_step(self.inner_opt, self.user_defined_strategy, self.topology,
+                                       wrapped_only=not explain)
+        if explain:
+            print(eager_data_parallel.EXPLAINED, flush=True)
+            raise ScriptDone("fleetrun --explain: the eager loop has nothing to compile")
+        self._eager_step_checked = True
+
+    def state_dict(self):
+        """The optimizer's state; in a script trained by fleet.train_step, its compiled program's."""
+        return self.compiled_state.state_dict() if self.compiled_state.bound else self.inner_opt.state_dict()
+
+    def set_state_dict(self, state_dict):
+        """Load `state_dict`; in a dygraph script it is also what fleet.train_step's program starts from."""
+        if paddle.in_dynamic_mode():
+            self.compiled_state.set_state_dict(state_dict)
+        if not self.compiled_state.bound:
+            self.inner_opt.set_state_dict(state_dict)
 
     def prepare_executor(self, executor):
         """Set up `executor` for the program `minimize` built; returns it.

@@ -88,3 +88,11 @@ def test_topk_wire_bytes_driver_counts_what_the_formula_predicts_or_says_why_it_
     assert sparse["bytes_per_step"] < dense["bytes_per_step"] / 5
     # 2 ranks: ceil(0.01 n) (value, index) pairs of 32768 and 5120 weights; 522 bias elements dense
     assert sparse["predicted"] == 2 * ((328 + 52) * 8 + (512 + 10) * 4)
+
+
+def test_dygraph_step_driver_reports_both_ratios_and_the_first_call_time(tmp_path):
+    result, report = run_driver(tmp_path, "dygraph_step.py", "--models", "mlp", "--rounds", "1", "--warmup", "0",
+                                "--reps", "1")
+    assert [row["model"] for row in report["rows"]] == ["mlp"]
+    assert report["ratios"]["R_mlp"] > 0 and report["ratios"]["first_call_ms_mlp"] > 0
+    assert "ratios:" in result.stdout
