@@ -1,16 +1,17 @@
 """`fleetrun --explain`: print the compile report of the script's strategy, train nothing.
 
-The script runs once, alone, with rank 0's environment of the planned job and
-FLEETLITE_EXPLAIN_ONLY=1. The fleet API then compiles for that topology without bringing up a
-process group, prints the CompileReport and exits, so a 32-rank job is explained on a laptop.
+The script runs once, alone, under the worker's bootstrap with rank 0's environment of the planned
+job and FLEETLITE_EXPLAIN_ONLY=1. The fleet API then compiles for that topology without bringing
+up a process group, prints the CompileReport and ends the script (ScriptDone, which the bootstrap
+turns into exit status 0), so a 32-rank job is explained on a laptop.
 """
 import subprocess
-import sys
 
 from fleetlite.topology import env_contract
 from fleetlite.errors import LaunchError
 from fleetlite.launcher.plan import job_port, pinned_port, plan_workers
 from fleetlite.launcher.preflight import check_script
+from fleetlite.launcher.transport import worker_command
 
 EXPLAIN_TIMEOUT_S = 300
 
@@ -23,8 +24,8 @@ def explain(spec, environ):
            if name not in (env_contract.ERROR_FILE, env_contract.PROGRESS_FILE)}
     env[env_contract.EXPLAIN_ONLY] = "1"
     try:
-        return subprocess.run([sys.executable, spec.script, *spec.script_args], env=env,
-                              stdin=subprocess.DEVNULL, timeout=EXPLAIN_TIMEOUT_S).returncode
+        return subprocess.run(worker_command(spec), env=env, stdin=subprocess.DEVNULL,
+                              timeout=EXPLAIN_TIMEOUT_S).returncode
     except subprocess.TimeoutExpired:
         raise LaunchError(f"--explain: {spec.script} was still running after {EXPLAIN_TIMEOUT_S} s; "
                           f"its fleet API must print the report and exit when "
