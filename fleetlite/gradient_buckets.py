@@ -52,9 +52,9 @@ def emit(context, bucket):
     with context.edit(after=last) as created:
         if len(grads) == 1:
             gradient = grads[0].grad
+            bucket.path = IN_PLACE if gradient.use_empty() else OUT_OF_PLACE
             reduce = paddle._C_ops.all_reduce_ if gradient.use_empty() else paddle._C_ops.all_reduce
             reduced = reduce(gradient, bucket.ring, SUM)
-            bucket.path = IN_PLACE if gradient.use_empty() else OUT_OF_PLACE
         else:
             packed = paddle.concat([paddle.reshape(g.grad, [-1]) for g in grads])
             reduced = paddle._C_ops.all_reduce_(packed, bucket.ring, SUM)
