@@ -2,7 +2,8 @@
 
     python gradsync_worker.py CONTENDER      (started by gradsync.py, one process per rank)
 
-Contenders that sync inside backward (fleetlite, DataParallel, DDP) report the paired difference
+fleetlite_<size>mb contenders run the copy-free buckets (on CPU, where the kernels build),
+fleetlite_concat_<size>mb the concat/split buckets of before. Contenders that sync inside backward (fleetlite, DataParallel, DDP) report the paired difference
 t(step with sync) - t(the same step without sync, same process), i.e. the sync cost that remains.
 """
 import json
@@ -47,12 +48,21 @@ def paddle_static_collectives(per_tensor):
     return (lambda: exe.run(main)), paddle_barrier()
 
 
-def fleetlite_fused(size_mb):
+def fleetlite_fused(size_mb, copy_free=True):
     """fleetlite's compiled training step, minus the same step compiled for one process.
 
-    `size_mb`: a bucket size in MiB, "unfused", or "cpu_preset" (configs/cpu_gloo.yaml)."""
+    `size_mb`: a bucket size in MiB, "unfused", or "cpu_preset" (configs/cpu_gloo.yaml).
+    `copy_free=False` keeps the concat/split buckets fleetlite emitted before the copy-free ones
+    (the copy_free_buckets pass reports itself skipped). Both programs of the pair keep their
+    gradients persistable, as the copy-free one must (and as DDP's pair keeps its .grad tensors), so
+    the difference measures the sync, not the allocation of gradients the plain step would do.
+    Returns (step, barrier, info): info is what the bucket kernels found in place so far."""
     import paddle
     import fleetlite as fleet
+    from fleetlite import bucket_views
+    from fleetlite.strategies import copy_free_buckets
+    if not copy_free:
+        copy_free_buckets.CopyFreeBuckets.applicable = lambda self, topology, program: "the concat/split contender"
     paddle.enable_static()
     fleet.init(is_collective=True)
     strategy = fleet.DistributedStrategy()
@@ -74,7 +84,10 @@ def fleetlite_fused(size_mb):
             optimizer = paddle.optimizer.SGD(0.0)
             if distributed:
                 optimizer = fleet.distributed_optimizer(optimizer, strategy)
-            optimizer.minimize(loss)
+            _, params_grads = optimizer.minimize(loss)
+            if not distributed:
+                for _, grad in params_grads:
+                    grad.persistable = True
         exe.run(startup)
         return main
 
@@ -86,7 +99,10 @@ def fleetlite_fused(size_mb):
         baseline = timed(lambda: exe.run(plain))
         barrier()
         return timed(lambda: exe.run(synced)) - baseline
-    return step, barrier
+
+    def info():
+        return bucket_views.counts() if copy_free and bucket_views.load_error() is None else None
+    return step, barrier, info
 
 
 def paddle_dataparallel():
@@ -170,6 +186,11 @@ CONTENDERS = {
 
 
 def make(name):
+    """(step, barrier[, info]) of contender `name`: fleetlite_<size>mb (copy-free buckets on CPU),
+    fleetlite_concat_<size>mb (concat/split buckets), fleetlite_unfused, fleetlite_cpu_preset, or
+    one of CONTENDERS."""
+    if name.startswith("fleetlite_concat_"):
+        return fleetlite_fused(name[len("fleetlite_concat_"):].removesuffix("mb"), copy_free=False)
     if name.startswith("fleetlite_"):
         return fleetlite_fused(name[len("fleetlite_"):].removesuffix("mb"))
     return CONTENDERS[name]()

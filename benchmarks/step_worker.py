@@ -27,8 +27,9 @@ def data(batch):
     return rng.rand(batch, SIZES[0]).astype("float32"), rng.randint(0, SIZES[-1], (batch, 1)).astype("int64")
 
 
-def fleetlite_static(batch, model=mlp, sample_shape=(SIZES[0],), make_data=data, **strategy_fields):
-    """`model` trained by fleetlite with the cpu_gloo.yaml preset plus `strategy_fields`."""
+def fleetlite_static(batch, model=mlp, sample_shape=(SIZES[0],), make_data=data, steps=STEPS, **strategy_fields):
+    """`model` trained by fleetlite with the cpu_gloo.yaml preset plus `strategy_fields`, `steps`
+    steps per sample."""
     import paddle
     import fleetlite as fleet
     paddle.enable_static()
@@ -48,7 +49,7 @@ def fleetlite_static(batch, model=mlp, sample_shape=(SIZES[0],), make_data=data,
     xs, ys = make_data(batch)
 
     def step():
-        for _ in range(STEPS):
+        for _ in range(steps):
             exe.run(main, feed={"x": xs, "y": ys}, fetch_list=[loss])
     return step, fleet.barrier_worker
 
