@@ -123,6 +123,12 @@ def test_the_space_keeps_only_knobs_that_can_matter_on_the_job(job, searched):
     assert len(kept) + len(skipped) == len(space.KNOBS) and all(why for _, why in skipped)
 
 
+def test_cpu_jobs_search_the_larger_buckets_that_copy_free_syncs_favour():
+    fuse = {job.device: next(k for k in space.searched_knobs(job)[0] if k.field == "fuse_grad_size_in_MB").values
+            for job in (space.JobShape("cpu", 2, 1), space.JobShape("gpu", 16, 2))}
+    assert fuse == {"cpu": (4, 16, 32, 64, 128), "gpu": (1, 2, 4, 8, 16, 32, 64)}
+
+
 # --- writing the winner ------------------------------------------------------------------------
 YAML_TEXT = """# fleetlite 0.1.0 DistributedStrategy
 # my notes on this job
