@@ -6,12 +6,11 @@ same architecture), SGD, 32x32 images, STEPS steps per sample.
 The images are small so a step is short, but the gradients are the full model's (161 tensors,
 97.5 MiB): the sync is what grows between one process and two.
 """
-import os
 import sys
 
 import numpy as np
 
-from step_worker import fleetlite_static
+import step_worker
 from worker_loop import serve
 
 STEPS = 2
@@ -29,38 +28,19 @@ def fleetlite(batch):
     """fleetlite with the CPU preset; info: what the bucket kernels found in place so far."""
     import paddle
     from fleetlite import bucket_views
-    step, barrier = fleetlite_static(batch, model=lambda nn: paddle.vision.models.resnet50(num_classes=CLASSES),
+    step, barrier = step_worker.fleetlite_static(batch, model=lambda nn: paddle.vision.models.resnet50(num_classes=CLASSES),
                                      sample_shape=(3, SIDE, SIDE), make_data=data, steps=STEPS)
     return step, barrier, lambda: bucket_views.counts() if bucket_views.load_error() is None else None
 
 
 def paddle_dataparallel(batch):
     import paddle
-    import paddle.distributed as dist
-    from paddle.distributed import collective
-    paddle.base.core.set_num_threads(1)
-    world = int(os.environ["PADDLE_TRAINERS_NUM"])
-    if world > 1:
-        dist.init_parallel_env()
-    model = paddle.vision.models.resnet50(num_classes=CLASSES)
-    model = paddle.DataParallel(model) if world > 1 else model
-    optimizer = paddle.optimizer.SGD(0.01, parameters=model.parameters())
-    xs, ys = (paddle.to_tensor(a) for a in data(batch))
-
-    def step():
-        for _ in range(STEPS):
-            loss = paddle.nn.functional.cross_entropy(model(xs), ys)
-            loss.backward()
-            optimizer.step()
-            optimizer.clear_grad(set_to_zero=False)
-        float(loss)
-    barrier = (lambda: collective._get_default_group().process_group.barrier().wait()) if world > 1 else (lambda: None)
-    return step, barrier
+    return step_worker.paddle_dataparallel(batch, lambda nn: paddle.vision.models.resnet50(num_classes=CLASSES),
+                                           data, STEPS)
 
 
-def torch_resnet50(torch):
-    """torchvision's resnet50() architecture (torchvision is not a dependency here)."""
-    nn = torch.nn
+def torch_resnet50(nn):
+    """torchvision's resnet50() architecture from `torch.nn` (torchvision is not a dependency here)."""
 
     class Bottleneck(nn.Module):
         def __init__(self, inplanes, planes, stride, downsample):
@@ -91,26 +71,7 @@ def torch_resnet50(torch):
 
 
 def torch_ddp(batch):
-    import torch
-    import torch.distributed as tdist
-    torch.set_num_threads(1)
-    world = int(os.environ["WORLD_SIZE"])
-    model = torch_resnet50(torch)
-    if world > 1:
-        tdist.init_process_group("gloo")
-        model = torch.nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    xs, ys = (torch.from_numpy(a) for a in data(batch))
-    ys = ys[:, 0]
-
-    def step():
-        for _ in range(STEPS):
-            loss = torch.nn.functional.cross_entropy(model(xs), ys)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=False)
-        float(loss)
-    return step, (tdist.barrier if world > 1 else (lambda: None))
+    return step_worker.torch_ddp(batch, torch_resnet50, data, STEPS)
 
 
 CONTENDERS = {"fleetlite": fleetlite, "paddle_dataparallel": paddle_dataparallel, "torch_ddp": torch_ddp}

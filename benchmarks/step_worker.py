@@ -54,7 +54,8 @@ def fleetlite_static(batch, model=mlp, sample_shape=(SIZES[0],), make_data=data,
     return step, fleet.barrier_worker
 
 
-def paddle_dataparallel(batch):
+def paddle_dataparallel(batch, model=mlp, make_data=data, steps=STEPS):
+    """`model` in Paddle dygraph, wrapped in DataParallel on more than one rank."""
     import paddle
     import paddle.distributed as dist
     from paddle.distributed import collective
@@ -62,13 +63,13 @@ def paddle_dataparallel(batch):
     world = int(__import__("os").environ["PADDLE_TRAINERS_NUM"])
     if world > 1:
         dist.init_parallel_env()
-    model = mlp(paddle.nn)
+    model = model(paddle.nn)
     model = paddle.DataParallel(model) if world > 1 else model
     optimizer = paddle.optimizer.SGD(0.01, parameters=model.parameters())
-    xs, ys = (paddle.to_tensor(a) for a in data(batch))
+    xs, ys = (paddle.to_tensor(a) for a in make_data(batch))
 
     def step():
-        for _ in range(STEPS):
+        for _ in range(steps):
             loss = paddle.nn.functional.cross_entropy(model(xs), ys)
             loss.backward()
             optimizer.step()
@@ -78,22 +79,23 @@ def paddle_dataparallel(batch):
     return step, barrier
 
 
-def torch_ddp(batch):
+def torch_ddp(batch, model=mlp, make_data=data, steps=STEPS):
+    """`model` in PyTorch, wrapped in DistributedDataParallel on more than one rank."""
     import os
     import torch
     import torch.distributed as tdist
     torch.set_num_threads(1)
     world = int(os.environ["WORLD_SIZE"])
-    model = mlp(torch.nn)
+    model = model(torch.nn)
     if world > 1:
         tdist.init_process_group("gloo")
         model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    xs, ys = (torch.from_numpy(a) for a in data(batch))
+    xs, ys = (torch.from_numpy(a) for a in make_data(batch))
     ys = ys[:, 0]
 
     def step():
-        for _ in range(STEPS):
+        for _ in range(steps):
             loss = torch.nn.functional.cross_entropy(model(xs), ys)
             loss.backward()
             optimizer.step()

@@ -10,7 +10,8 @@ The GPU program keeps its own path (NCCL, concat/split around the collective).
 A bucket stays on the copying path, with the reason in the report, when
 - a layout pass rewrote its collective (fp16_allreduce's casts, a hierarchical or subgroup
   emulation): its sum is not an all_reduce_ of the packed buffer;
-- a member is read by anything but the bucket (the raw value becomes the reduced slot), is
+- a member is read by something the bucket does not wait for (the raw value becomes the
+  reduced slot), is
   gradient merge's copy of its accumulator (it runs inside the update branch), is defined
   inside a branch, or has a dtype the kernels do not handle;
 - the kernels cannot be built here (no C++ compiler): then every bucket, and the report says so
@@ -77,8 +78,9 @@ def _plain_bucket(context, bucket):
     if collective.attrs()["ring_id"] != 0 or collective.attrs()["reduce_type"] != gradient_buckets.SUM:
         return "its collective is not a sum on ring 0"
     top_level = {op.id() for op in context.block.ops}
+    upstream = _ancestors(collective)
     for grad in (context.gradients[i] for i in bucket.members):
-        why = _member_refusal(grad, top_level)
+        why = _member_refusal(grad, top_level, upstream)
         if why:
             return why
     scales = [op for op in bucket.ops if op.name() == "pd_op.scale_"]
@@ -86,8 +88,9 @@ def _plain_bucket(context, bucket):
     return collective, scale
 
 
-def _member_refusal(grad, top_level):
-    """Why `grad` cannot become a view of its slot, or None (`top_level`: ids of the block's own ops)."""
+def _member_refusal(grad, top_level, upstream):
+    """Why `grad` cannot become a view of its slot, or None (`top_level`: ids of the block's own
+    ops; `upstream`: ids of the ops the bucket's collective depends on)."""
     producer = grad.grad.get_defining_op()
     if program_edit.provenance(producer) == GradientMerge.name:
         return "its gradients are gradient merge's copies, which run inside the update branch"
@@ -95,10 +98,24 @@ def _member_refusal(grad, top_level):
         return f"the gradient of {grad.name} is made inside a branch"
     if grad.dtype not in bucket_views.DTYPES:
         return f"the gradient of {grad.name} is {grad.dtype} (the kernels take {', '.join(bucket_views.DTYPES)})"
-    users = grad.grad.all_used_ops()
-    if len(users) != 1 or program_edit.provenance(users[0]) is None:
+    # Once packed, the raw value is the slot, summed in place: a reader the executor could run
+    # after the pack would see the sum. Readers the bucket waits for (sync batch norm's input
+    # gradient reads its scale gradient, and feeds the conv gradients packed with it) are safe.
+    if any(user.id() not in upstream for user in grad.grad.all_used_ops()):
         return f"the gradient of {grad.name} is read by more than the bucket"
     return None
+
+
+def _ancestors(op):
+    """Ids of the ops `op` depends on, directly or not."""
+    seen, pending = set(), [op]
+    while pending:
+        for source in pending.pop().operands_source():
+            producer = source.get_defining_op()
+            if producer is not None and producer.id() not in seen:
+                seen.add(producer.id())
+                pending.append(producer)
+    return seen
 
 
 def _make_copy_free(context, bucket, collective, scale):

@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import paddle
 import pytest
 
 from fleetlite import DistributedStrategy, Topology, bucket_views, gradient_buckets, program_edit
@@ -82,6 +83,26 @@ def test_single_gradient_buckets_are_reduced_in_place_and_loss_side_scaling_leav
     main, _ = compile_mlp(CPU_2, gradient_scale_configs={"scale_gradient": True})
     pack = next(op for op in main.global_block().ops if op.name() == "custom_op.fleetlite_bucket_pack_")
     assert pack.attrs()["scale"] == 1.0
+
+
+AMP_ON_CPU = {"custom_black_list": ["matmul", "conv2d", "relu", "elementwise_add", "flatten"],
+              "custom_white_list": ["pool2d"]}
+
+
+@pytest.mark.parametrize("fields", [
+    {"amp": True, "amp_configs": AMP_ON_CPU},
+    {"sync_batch_norm": True},
+    {"pto": True},
+    {"topk": True, "topk_configs": {"density": 0.1, "min_numel": 200}},
+    {"dgc": True},
+    {"nccl_comm_num": 2, "fuse_grad_size_in_TFLOPS": 2},
+], ids=["amp", "sync_batch_norm", "pto", "topk", "dgc", "two_rings"])
+def test_knobs_that_leave_the_bucket_a_sum_on_ring_0_keep_it_copy_free(fields):
+    paddle.enable_static()     # dgc needs Momentum, which Paddle builds only in static mode here
+    _, _, built = compiled_program(strategy(**fields), CPU_2, model_name="convbn",
+                                   optimizer=paddle.optimizer.Momentum(0.1))
+    buckets = [b for b in built.report.buckets if len(b["gradients"]) > 1]
+    assert buckets and {b["path"] for b in buckets} == {"copy-free"}
 
 
 @pytest.mark.parametrize("fields, reason", [
