@@ -6,7 +6,8 @@ Contenders, interleaved in one run (default set: a few minutes): fleetlite's cop
 at 16/32/64 MiB and its shipped CPU preset (configs/cpu_gloo.yaml), the concat/split buckets of
 before at 4 MiB (the previous preset), one flat all-reduce of a pre-packed buffer (the limit),
 Paddle dygraph DataParallel and PyTorch DDP with their defaults. More with --only:
-fleetlite_<N>mb, fleetlite_concat_<N>mb, fleetlite_unfused, paddle_static_per_tensor, torch_flat.
+fleetlite_<N>mb, fleetlite_concat_<N>mb, fleetlite_unfused (each may end in _loss_scaled: the
+1/N on the loss gradient instead of in the pack), paddle_static_per_tensor, torch_flat.
 Prints medians, each contender's ratio to the flat limit, DDP's time over each copy-free
 contender's (above 1: fleetlite is faster) and the in-place count of the copy-free buckets.
 

@@ -48,7 +48,7 @@ def paddle_static_collectives(per_tensor):
     return (lambda: exe.run(main)), paddle_barrier()
 
 
-def fleetlite_fused(size_mb, copy_free=True):
+def fleetlite_fused(size_mb, copy_free=True, loss_scaled=False):
     """fleetlite's compiled training step, minus the same step compiled for one process.
 
     `size_mb`: a bucket size in MiB, "unfused", or "cpu_preset" (configs/cpu_gloo.yaml).
@@ -56,6 +56,8 @@ def fleetlite_fused(size_mb, copy_free=True):
     (the copy_free_buckets pass reports itself skipped). Both programs of the pair keep their
     gradients persistable, as the copy-free one must (and as DDP's pair keeps its .grad tensors), so
     the difference measures the sync, not the allocation of gradients the plain step would do.
+    `loss_scaled` puts the 1/N on the loss gradient (gradient_scale_configs.scale_gradient), so
+    the copy-free pack does not touch the bytes at all.
     Returns (step, barrier, info): info is what the bucket kernels found in place so far."""
     import paddle
     import fleetlite as fleet
@@ -74,6 +76,8 @@ def fleetlite_fused(size_mb, copy_free=True):
         strategy.fuse_grad_size_in_MB = int(size_mb)
         strategy.fuse_grad_size_in_TFLOPS = 0
         strategy.last_comm_group_size_MB = 0
+    if loss_scaled:
+        strategy.gradient_scale_configs.scale_gradient = True
 
     def build(distributed):
         main, startup = paddle.static.Program(), paddle.static.Program()
@@ -187,13 +191,14 @@ CONTENDERS = {
 
 def make(name):
     """(step, barrier[, info]) of contender `name`: fleetlite_<size>mb (copy-free buckets on CPU),
-    fleetlite_concat_<size>mb (concat/split buckets), fleetlite_unfused, fleetlite_cpu_preset, or
-    one of CONTENDERS."""
-    if name.startswith("fleetlite_concat_"):
-        return fleetlite_fused(name[len("fleetlite_concat_"):].removesuffix("mb"), copy_free=False)
-    if name.startswith("fleetlite_"):
-        return fleetlite_fused(name[len("fleetlite_"):].removesuffix("mb"))
-    return CONTENDERS[name]()
+    fleetlite_concat_<size>mb (concat/split buckets), fleetlite_unfused, fleetlite_cpu_preset (each
+    may end in _loss_scaled: 1/N on the loss gradient), or one of CONTENDERS."""
+    if not name.startswith("fleetlite_"):
+        return CONTENDERS[name]()
+    size, loss_scaled = name.removesuffix("_loss_scaled"), name.endswith("_loss_scaled")
+    concat = size.startswith("fleetlite_concat_")
+    size = size.removeprefix("fleetlite_concat_").removeprefix("fleetlite_").removesuffix("mb")
+    return fleetlite_fused(size, copy_free=not concat, loss_scaled=loss_scaled)
 
 
 if __name__ == "__main__":

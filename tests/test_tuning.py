@@ -205,7 +205,8 @@ def test_fleetlite_tune_on_two_cpu_ranks_writes_a_valid_strategy(tmp_path):
     text = path.read_text()
     assert [line for line in text.splitlines() if line.startswith("#") and not line.startswith("#|")] == comments
     rows = [re.split(r" {2,}", line[3:]) for line in text.splitlines() if re.match(r"#\| \d", line)]
-    assert rows[0][:2] == ["1", "start: fuse_grad_size_in_MB=4, pto=False"] and len(rows) >= 2
+    preset = DistributedStrategy.load(os.path.join(ROOT, "configs", "cpu_gloo.yaml")).fuse_grad_size_in_MB
+    assert rows[0][:2] == ["1", f"start: fuse_grad_size_in_MB={preset}, pto=False"] and len(rows) >= 2
     step_ms, sync_ms = float(rows[0][2]), float(rows[0][4])   # the start's trial measured both
     assert step_ms > 0 and abs(sync_ms) < 10 * step_ms
     strategy = DistributedStrategy.load(path).validate()
