@@ -214,7 +214,7 @@ def test_fleetlite_tune_on_two_cpu_ranks_writes_a_valid_strategy(tmp_path):
     assert verdict, text
     changed = dict(pair.split("=") for pair in verdict.group(1).split(", ")) if verdict.group(1) else {}
     assert set(changed) <= {"fuse_grad_size_in_MB", "pto"}
-    assert strategy.fuse_grad_size_in_MB == int(changed.get("fuse_grad_size_in_MB", 4))
+    assert strategy.fuse_grad_size_in_MB == int(changed.get("fuse_grad_size_in_MB", preset))
     assert strategy.pto == (changed.get("pto") == "True")
     assert re.search(r"spread between repeats \(noise\)|no config ran twice", result.stderr)
 
