@@ -3,7 +3,7 @@
 A bucket built by gradient_buckets.emit copies every byte twice per step (concat in, split
 out) and allocates a fresh buffer for each; on small CPU machines those copies cost more than
 the all-reduce they batch (notes/p1_gradsync_study.md: 1.54-1.67x one flat all-reduce of the
-same bytes). `make_copy_free` replaces that with
+same bytes). strategies/copy_free_buckets.py replaces that with
     pack(grads, buffer, scale) -> all_reduce_(buffer) -> alias(buffer, grads)
 on a persistable buffer per bucket. The operators are compiled (bucket_views.cc, built and
 cached by fleetlite.kernel_library):
@@ -47,10 +47,12 @@ def new_buffer(dtype, numel):
 
 
 def pack(grads, buffer, scale):
+    """The buffer, holding `grads` back to back times `scale` (see bucket_views.cc)."""
     return paddle._C_ops._run_custom_op(PACK, list(grads), buffer, float(scale))[0]
 
 
 def alias(buffer, grads):
+    """One value per gradient: its slot of the (reduced) `buffer`, shaped like it."""
     return list(paddle._C_ops._run_custom_op(ALIAS, buffer, list(grads)))
 
 
@@ -65,10 +67,3 @@ def counts():
     values = (ctypes.c_int64 * 4)()
     ctypes.CDLL(LIBRARY.library_path()).fleetlite_bucket_counts(values)
     return dict(zip(("packed_in_place", "packed_copied", "aliased_in_place", "aliased_copied"), values))
-
-
-def _numel(value):
-    count = 1
-    for size in value.shape:
-        count *= size
-    return count

@@ -9,7 +9,7 @@ import os
 
 import paddle
 
-from fleetlite.kernel_library import CACHE_ENV, KernelLibrary, KernelUnavailable  # noqa: F401 (callers' names)
+from fleetlite.kernel_library import CACHE_ENV, KernelLibrary  # noqa: F401 (CACHE_ENV: the tests' name for it)
 
 OP_NAME = "fleetlite_mstopk"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mstopk_select.cc")
