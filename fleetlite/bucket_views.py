@@ -25,10 +25,12 @@ The bucket buffers and the persistable gradients are no training state: saving s
 import ctypes
 import os
 
-import paddle
-from paddle.pir.core import create_persistable_value
-
+from fleetlite import paddle_noise
 from fleetlite.kernel_library import KernelLibrary
+
+with paddle_noise.importing_paddle():       # a plain `import fleetlite.bucket_views` may be Paddle's first
+    import paddle
+    from paddle.pir.core import create_persistable_value
 
 PACK = "fleetlite_bucket_pack"
 ALIAS = "fleetlite_bucket_alias"

@@ -24,10 +24,12 @@ import sysconfig
 import textwrap
 import threading
 
-import paddle
-from paddle.utils import cpp_extension
-
+from fleetlite import paddle_noise
 from fleetlite.file_lock import FileLock
+
+with paddle_noise.importing_paddle():       # a plain `import fleetlite.bucket_views` may be Paddle's first
+    import paddle
+    from paddle.utils import cpp_extension
 
 CACHE_ENV = "FLEETLITE_KERNEL_CACHE"
 COMPILE_FLAGS = ["-O3", "-g0"]

@@ -15,7 +15,7 @@ import pytest
 
 from fleetlite import DistributedStrategy, Topology, bucket_views, gradient_buckets, program_edit
 from fleetlite.kernel_library import CACHE_ENV
-from multiprocess import run_job
+from multiprocess import clean_environment, run_job
 from workers.models import compiled_program
 
 WORKER = Path(__file__).resolve().parent / "workers" / "copy_free_worker.py"
@@ -145,3 +145,11 @@ def test_without_a_compiler_the_report_says_so_in_one_line_and_buckets_copy(tmp_
     assert reason == f"the bucket kernels cannot be built here ({cause}): buckets copy through concat/split"
     assert paths == "['concat/split']"
     assert f"fleetlite: warning: gradient buckets copy through concat and split, slower on CPU: {cause}" in child.stderr
+
+
+def test_importing_the_bucket_views_first_prints_nothing(tmp_path):
+    """Its kernel library imports Paddle's C++ op builder, whose "No ccache found" is noise."""
+    env = {name: value for name, value in clean_environment().items() if name != "PYTHONWARNINGS"}
+    result = subprocess.run([sys.executable, "-c", "import fleetlite.bucket_views"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
