@@ -44,6 +44,7 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	mkdir -p log
 	cd benchmarks && ../$(PY) gradsync.py --json ../log/bench_gradsync.json
+	cd benchmarks && ../$(PY) resnet50_step.py --json ../log/bench_resnet50_step.json
 	cd benchmarks && ../$(PY) step_overhead.py --json ../log/bench_step_overhead.json
 	cd benchmarks && ../$(PY) data_loading.py --json ../log/bench_data_loading.json
 	cd benchmarks && ../$(PY) pto.py --json ../log/bench_pto.json

@@ -2,7 +2,8 @@
 
     python gradsync_worker.py CONTENDER      (started by gradsync.py, one process per rank)
 
-Contenders that sync inside backward (fleetlite, DataParallel, DDP) report the paired difference
+fleetlite_<size>mb contenders run the copy-free buckets (on CPU, where the kernels build),
+fleetlite_concat_<size>mb the concat/split buckets of before. Contenders that sync inside backward (fleetlite, DataParallel, DDP) report the paired difference
 t(step with sync) - t(the same step without sync, same process), i.e. the sync cost that remains.
 """
 import json
@@ -47,12 +48,23 @@ def paddle_static_collectives(per_tensor):
     return (lambda: exe.run(main)), paddle_barrier()
 
 
-def fleetlite_fused(size_mb):
+def fleetlite_fused(size_mb, copy_free=True, loss_scaled=False):
     """fleetlite's compiled training step, minus the same step compiled for one process.
 
-    `size_mb`: a bucket size in MiB, "unfused", or "cpu_preset" (configs/cpu_gloo.yaml)."""
+    `size_mb`: a bucket size in MiB, "unfused", or "cpu_preset" (configs/cpu_gloo.yaml).
+    `copy_free=False` keeps the concat/split buckets fleetlite emitted before the copy-free ones
+    (the copy_free_buckets pass reports itself skipped). Both programs of the pair keep their
+    gradients persistable, as the copy-free one must (and as DDP's pair keeps its .grad tensors), so
+    the difference measures the sync, not the allocation of gradients the plain step would do.
+    `loss_scaled` puts the 1/N on the loss gradient (gradient_scale_configs.scale_gradient), so
+    the copy-free pack does not touch the bytes at all.
+    Returns (step, barrier, info): info is what the bucket kernels found in place so far."""
     import paddle
     import fleetlite as fleet
+    from fleetlite import bucket_views
+    from fleetlite.strategies import copy_free_buckets
+    if not copy_free:
+        copy_free_buckets.CopyFreeBuckets.applicable = lambda self, topology, program: "the concat/split contender"
     paddle.enable_static()
     fleet.init(is_collective=True)
     strategy = fleet.DistributedStrategy()
@@ -64,6 +76,8 @@ def fleetlite_fused(size_mb):
         strategy.fuse_grad_size_in_MB = int(size_mb)
         strategy.fuse_grad_size_in_TFLOPS = 0
         strategy.last_comm_group_size_MB = 0
+    if loss_scaled:
+        strategy.gradient_scale_configs.scale_gradient = True
 
     def build(distributed):
         main, startup = paddle.static.Program(), paddle.static.Program()
@@ -74,7 +88,10 @@ def fleetlite_fused(size_mb):
             optimizer = paddle.optimizer.SGD(0.0)
             if distributed:
                 optimizer = fleet.distributed_optimizer(optimizer, strategy)
-            optimizer.minimize(loss)
+            _, params_grads = optimizer.minimize(loss)
+            if not distributed:
+                for _, grad in params_grads:
+                    grad.persistable = True
         exe.run(startup)
         return main
 
@@ -86,7 +103,10 @@ def fleetlite_fused(size_mb):
         baseline = timed(lambda: exe.run(plain))
         barrier()
         return timed(lambda: exe.run(synced)) - baseline
-    return step, barrier
+
+    def info():
+        return bucket_views.counts() if copy_free and bucket_views.load_error() is None else None
+    return step, barrier, info
 
 
 def paddle_dataparallel():
@@ -170,9 +190,15 @@ CONTENDERS = {
 
 
 def make(name):
-    if name.startswith("fleetlite_"):
-        return fleetlite_fused(name[len("fleetlite_"):].removesuffix("mb"))
-    return CONTENDERS[name]()
+    """(step, barrier[, info]) of contender `name`: fleetlite_<size>mb (copy-free buckets on CPU),
+    fleetlite_concat_<size>mb (concat/split buckets), fleetlite_unfused, fleetlite_cpu_preset (each
+    may end in _loss_scaled: 1/N on the loss gradient), or one of CONTENDERS."""
+    if not name.startswith("fleetlite_"):
+        return CONTENDERS[name]()
+    size, loss_scaled = name.removesuffix("_loss_scaled"), name.endswith("_loss_scaled")
+    concat = size.startswith("fleetlite_concat_")
+    size = size.removeprefix("fleetlite_concat_").removeprefix("fleetlite_").removesuffix("mb")
+    return fleetlite_fused(size, copy_free=not concat, loss_scaled=loss_scaled)
 
 
 if __name__ == "__main__":

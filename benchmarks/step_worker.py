@@ -27,8 +27,9 @@ def data(batch):
     return rng.rand(batch, SIZES[0]).astype("float32"), rng.randint(0, SIZES[-1], (batch, 1)).astype("int64")
 
 
-def fleetlite_static(batch, model=mlp, sample_shape=(SIZES[0],), make_data=data, **strategy_fields):
-    """`model` trained by fleetlite with the cpu_gloo.yaml preset plus `strategy_fields`."""
+def fleetlite_static(batch, model=mlp, sample_shape=(SIZES[0],), make_data=data, steps=STEPS, **strategy_fields):
+    """`model` trained by fleetlite with the cpu_gloo.yaml preset plus `strategy_fields`, `steps`
+    steps per sample."""
     import paddle
     import fleetlite as fleet
     paddle.enable_static()
@@ -48,12 +49,12 @@ def fleetlite_static(batch, model=mlp, sample_shape=(SIZES[0],), make_data=data,
     xs, ys = make_data(batch)
 
     def step():
-        for _ in range(STEPS):
+        for _ in range(steps):
             exe.run(main, feed={"x": xs, "y": ys}, fetch_list=[loss])
     return step, fleet.barrier_worker
 
 
-def paddle_dataparallel(batch, model=mlp, make_data=data):
+def paddle_dataparallel(batch, model=mlp, make_data=data, steps=STEPS):
     """`model` trained by Paddle's eager loop on paddle.DataParallel (2+ processes)."""
     import paddle
     import paddle.distributed as dist
@@ -68,7 +69,7 @@ def paddle_dataparallel(batch, model=mlp, make_data=data):
     xs, ys = (paddle.to_tensor(a) for a in make_data(batch))
 
     def step():
-        for _ in range(STEPS):
+        for _ in range(steps):
             loss = paddle.nn.functional.cross_entropy(model(xs), ys)
             loss.backward()
             optimizer.step()
@@ -78,22 +79,23 @@ def paddle_dataparallel(batch, model=mlp, make_data=data):
     return step, barrier
 
 
-def torch_ddp(batch):
+def torch_ddp(batch, model=mlp, make_data=data, steps=STEPS):
+    """`model` in PyTorch, wrapped in DistributedDataParallel on more than one rank."""
     import os
     import torch
     import torch.distributed as tdist
     torch.set_num_threads(1)
     world = int(os.environ["WORLD_SIZE"])
-    model = mlp(torch.nn)
+    model = model(torch.nn)
     if world > 1:
         tdist.init_process_group("gloo")
         model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    xs, ys = (torch.from_numpy(a) for a in data(batch))
+    xs, ys = (torch.from_numpy(a) for a in make_data(batch))
     ys = ys[:, 0]
 
     def step():
-        for _ in range(STEPS):
+        for _ in range(steps):
             loss = torch.nn.functional.cross_entropy(model(xs), ys)
             loss.backward()
             optimizer.step()

@@ -39,7 +39,7 @@ def dense_and_one_level_topk_bytes(report, world):
     gradient's (values, indices) all-gathered. None if the report shows a pass this formula does
     not model (hierarchical top-k, whose CPU lowering emulates its rings on ring 0)."""
     modelled = {"data_parallel", "topk", "dgc", "dgc_update", "fuse_all_reduce_ops", "gloo_lowering",
-                "gradient_scale_configs.scale_gradient"}
+                "copy_free_buckets", "gradient_scale_configs.scale_gradient"}
     if set(report.applied) - modelled or ("topk" in report.applied and
                                           "hierarchical" in report.record("topk").details):
         return None

@@ -16,6 +16,7 @@ import sys
 
 import paddle
 
+from fleetlite import bucket_views
 from fleetlite.base.role_maker import PaddleCloudRoleMaker, RoleMakerBase
 from fleetlite.errors import FleetliteError, ForeignLauncherError, StrategyConflictError
 from fleetlite.runtime import checkpoint, eager_data_parallel, process_group, sharded_state
@@ -142,7 +143,7 @@ def save_persistables(executor, dirname, main_program=None, mode=0):
     others = {} if owners is None else sharded_state.gather(util, owners, topology.rank, paddle.static.global_scope())
 
     def write(staging):
-        paddle.static.save_vars(executor, staging, main_program=program)
+        paddle.static.save_vars(executor, staging, main_program=program, vars=_training_state(program))
         sharded_state.write(staging, others)
 
     checkpoint.save_once(topology, dirname, write)
@@ -160,8 +161,16 @@ def load_model(path, mode=0, executor=None, main_program=None):
     if not os.path.isdir(path):
         raise FleetliteError(f"no checkpoint directory at {path}: pass the dirname given to "
                              f"fleet.save_persistables")
-    paddle.static.load_vars(executor or paddle.static.Executor(paddle.CPUPlace()), path,
-                            main_program=main_program or paddle.static.default_main_program())
+    program = main_program or paddle.static.default_main_program()
+    paddle.static.load_vars(executor or paddle.static.Executor(paddle.CPUPlace()), path, main_program=program,
+                            vars=_training_state(program))
+
+
+def _training_state(program):
+    """The persistable values a checkpoint holds: parameters and optimizer state, not the
+    copy-free buckets' buffers (gradients, refilled by every step)."""
+    parameters, optimizer_state = paddle.static.pir_io.get_pir_parameters(program)
+    return [v for v in parameters + optimizer_state if v.persistable and not bucket_views.is_bucket_state(v)]
 
 
 def save_inference_model(executor, dirname, feeded_var_names, target_vars, main_program=None,

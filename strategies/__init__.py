@@ -9,6 +9,7 @@ from fleetlite.strategy.knob_accounting import unclaimed_under_strict
 from fleetlite.compile.pass_contract import check_combination, required_skipped, strict_refusal
 from fleetlite.strategies.build_strategy_fusions import OpFusion
 from fleetlite.strategies.comm_rings import CommRings
+from fleetlite.strategies.copy_free_buckets import CopyFreeBuckets
 from fleetlite.strategies.data_parallel import DataParallel
 from fleetlite.strategies.dgc import Dgc, DgcUpdate
 from fleetlite.strategies.device_flags import (ConvWorkspaceSizeLimit, CudnnBatchNormSpatialPersistent,
@@ -32,6 +33,7 @@ REGISTRY = (
     CommRings,
     HierarchicalAllReduce,
     GlooLowering,
+    CopyFreeBuckets,
     SyncNcclAllReduce,
     Amp,
     AmpLossScaling,

@@ -21,6 +21,7 @@ import paddle
 from fleetlite.compile import program_edit
 
 SUM = 0   # reduce_type of all_reduce; gloo has no AVG, so averaging is sum then scale
+IN_PLACE, OUT_OF_PLACE, CONCAT_SPLIT = "in place", "out of place", "concat/split"   # Bucket.path
 
 
 @dataclass
@@ -31,10 +32,13 @@ class Bucket:
     nbytes: int
     ring: int = 0
     ops: List = field(default_factory=list, repr=False)   # the ops emit() created
+    outputs: List = field(default_factory=list, repr=False)   # the values emit() handed on, per member
+    collective_id: int = -1        # id of the collective emit() built (a layout pass may replace it)
+    path: str = CONCAT_SPLIT       # how the bytes travel (copy_free_buckets makes it copy-free on CPU)
 
     def describe(self, gradients):
         return {"bucket": self.index, "dtype": self.dtype, "bytes": self.nbytes, "ring": self.ring,
-                "gradients": [gradients[i].name for i in self.members]}
+                "path": self.path, "gradients": [gradients[i].name for i in self.members]}
 
 
 def emit(context, bucket):
@@ -48,6 +52,7 @@ def emit(context, bucket):
     with context.edit(after=last) as created:
         if len(grads) == 1:
             gradient = grads[0].grad
+            bucket.path = IN_PLACE if gradient.use_empty() else OUT_OF_PLACE
             reduce = paddle._C_ops.all_reduce_ if gradient.use_empty() else paddle._C_ops.all_reduce
             reduced = reduce(gradient, bucket.ring, SUM)
         else:
@@ -62,9 +67,10 @@ def emit(context, bucket):
             outputs = [paddle.reshape(part, g.grad.shape) for part, g in zip(parts, grads)]
     collective = next(op for op in created if op.name() in ("pd_op.all_reduce", "pd_op.all_reduce_"))
     collective.set_int_attr(program_edit.BUCKET, bucket.index)
+    bucket.collective_id = collective.id()
     for grad, output in zip(grads, outputs):
         grad.synced = output
-    bucket.ops = created
+    bucket.ops, bucket.outputs = created, outputs
 
 
 def take_back(context, bucket):
@@ -73,7 +79,7 @@ def take_back(context, bucket):
     program_edit.remove_ops(context.block, bucket.ops)
     for i in bucket.members:
         context.gradients[i].synced = context.gradients[i].grad
-    bucket.ops = []
+    bucket.ops, bucket.outputs = [], []
 
 
 def replace_collective(context, op, value):

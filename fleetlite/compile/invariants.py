@@ -24,6 +24,7 @@ from fleetlite.compile.pass_contract import Phase
 SUMMING = ("pd_op.all_reduce", "pd_op.all_reduce_", "pd_op.reduce_scatter")
 SCATTER_ADD = "pd_op.scatter_nd_add"
 SCALING = ("pd_op.scale", "pd_op.scale_")
+PACK, ALIAS = "custom_op.fleetlite_bucket_pack_", "custom_op.fleetlite_bucket_alias_"   # fleetlite.bucket_views
 SUM, AVG = 0, 4   # reduce_types: the one that sums (max/min/prod do not), the one gloo rejects
 
 
@@ -93,6 +94,8 @@ def _value_sources(op, result):
     """The floating-point values `result` of `op` is computed from (a branch op: what each branch yields)."""
     if op.name() == "pd_op.if":
         sources = [block.ops[-1].operand_source(result.index()) for block in op.blocks()]
+    elif op.name() == ALIAS:       # its outputs are slots of the reduced buffer; the gradients only place them
+        sources = [op.operand_source(0)]
     else:
         sources = op.operands_source()
     return [source for source in sources if source.initialized() and _is_float(source)]
@@ -115,6 +118,8 @@ def _effect(op, rings):
         return (1, 1.0) if ring is None else (rings[ring].group_size, 1.0)
     if op.name() in SCALING:
         return 1, op.operand_source(1).get_defining_op().attrs()["value"]
+    if op.name() == PACK:
+        return 1, op.attrs()["scale"]
     return 1, 1.0
 
 

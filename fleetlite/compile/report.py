@@ -70,8 +70,8 @@ class CompileReport:
             lines += ["config used:"] + configs
         if self.buckets:
             lines.append("buckets (issue order):")
-            rows = [("#", "dtype", "size", "ring", "gradients")]
-            rows += [(str(b["bucket"]), b["dtype"], human_bytes(b["bytes"]), str(b["ring"]),
+            rows = [("#", "dtype", "size", "ring", "path", "gradients")]
+            rows += [(str(b["bucket"]), b["dtype"], human_bytes(b["bytes"]), str(b["ring"]), b["path"],
                       _names(b["gradients"])) for b in self.buckets]
             lines += ["  " + line for line in _columns(rows)]
         if self.rings:

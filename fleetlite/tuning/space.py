@@ -7,7 +7,7 @@ than timed: its trials would only measure noise. Knobs that trade accuracy for s
 density) are tuned only when the starting strategy already uses that exchange. A new knob is one
 `Knob(...)` line.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, FrozenSet, Optional, Tuple
 
 
@@ -25,6 +25,7 @@ class Knob:
     field: str                                   # a strategy field, dotted for *_configs
     values: Tuple[object, ...]                   # tried in this order
     unless: Callable[[JobShape], Optional[str]] = lambda job: None   # why it cannot matter here
+    cpu_values: Optional[Tuple[object, ...]] = None   # tried instead on CPU jobs, where they differ
 
 
 def _needs_gpu(job):
@@ -48,7 +49,9 @@ def _needs_on(field):
 
 
 KNOBS = (
-    Knob("fuse_grad_size_in_MB", (1, 2, 4, 8, 16, 32, 64)),
+    # On CPU the buckets are copy-free (a bucket costs one collective and no copy), so fewer, larger
+    # ones win (docs/performance.md (a)); on GPU the concat/split copies are cheap and overlap matters.
+    Knob("fuse_grad_size_in_MB", (1, 2, 4, 8, 16, 32, 64), cpu_values=(4, 16, 32, 64, 128)),
     Knob("nccl_comm_num", (1, 2, 4), _needs_gpu),
     Knob("use_hierarchical_allreduce", (False, True), _needs_several_nodes),
     Knob("fp16_allreduce", (False, True), _needs_gpu),
@@ -64,6 +67,8 @@ def searched_knobs(job, knobs=KNOBS):
         reason = knob.unless(job)
         if reason:
             skipped.append((knob.field, reason))
+        elif job.device == "cpu" and knob.cpu_values is not None:
+            kept.append(replace(knob, values=knob.cpu_values))
         else:
             kept.append(knob)
     return tuple(kept), skipped

@@ -115,7 +115,8 @@ def test_constant_sparsity_builds_one_straight_exchange_and_an_sgd_update():
                               "rank per step instead of 75.0 KiB), momentum correction and factor masking; 3 dense "
                               "(12.9 KiB)")
     assert record.details["bytes_per_step"] == k * 8 + (300 + 3000 + 10) * 4
-    assert report.applied == ["data_parallel", "dgc", "fuse_all_reduce_ops", "gloo_lowering", "dgc_update"]
+    assert report.applied == ["data_parallel", "dgc", "fuse_all_reduce_ops", "gloo_lowering", "copy_free_buckets",
+                              "dgc_update"]
 
 
 def test_the_schedule_branches_on_a_step_counter_dense_first_and_runs_in_program_order():

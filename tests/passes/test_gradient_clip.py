@@ -79,8 +79,8 @@ CASES = {**ONE_PROCESS, **WITH_KNOBS}
 JOBS = {2: 1, 4: 2}   # world size: nodes
 CPU_2 = Topology.grid(2)
 BY_NAME = ["linear_0.b_0", "linear_0.w_0", "linear_1.b_0", "linear_1.w_0"]    # apply_gradients' order
-UNPACK = (["all_reduce_", "full", "scale_", "full_int_array", "full", "split", "builtin.split"]
-          + ["full_int_array", "reshape"] * 4)     # the one fused bucket: reduce, average, unpack
+UNPACK = ["all_reduce_", "builtin.combine", "custom_op.fleetlite_bucket_alias_", "builtin.split"]   # the one
+# (copy-free, already averaged by the pack) bucket: reduce, then views of the reduced buffer
 GLOBAL_NORM = (["squared_l2_norm"] * 4 + ["builtin.combine", "stack", "full_int_array", "sum"] * 2
                + ["sqrt", "full", "maximum", "divide"] + ["multiply"] * 4)
 

@@ -74,7 +74,8 @@ def test_one_gradient_is_exchanged_as_top_k_with_error_feedback_and_the_rest_sta
     assert record.summary == ("1 gradients as top-k (density 0.05029: 103 of 2048 elements; 824 B per rank per "
                               "step instead of 8.0 KiB), error feedback; 3 dense (1.4 KiB)")
     assert record.details["bytes_per_step"] == 103 * 8 + (10 + 320 + 32) * 4
-    assert report.applied == ["data_parallel", "topk", "fuse_all_reduce_ops", "gloo_lowering"]
+    assert report.applied == ["data_parallel", "topk", "fuse_all_reduce_ops", "gloo_lowering", "copy_free_buckets"]
+    assert [b["path"] for b in report.buckets] == ["copy-free"]     # the dense rest
 
 
 @pytest.mark.parametrize("topology, kernel_ops", [(CPU_4, 1), (GPU_32, 0)], ids=["cpu", "gpu"])

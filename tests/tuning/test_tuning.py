@@ -123,6 +123,12 @@ def test_the_space_keeps_only_knobs_that_can_matter_on_the_job(job, searched):
     assert len(kept) + len(skipped) == len(space.KNOBS) and all(why for _, why in skipped)
 
 
+def test_cpu_jobs_search_the_larger_buckets_that_copy_free_syncs_favour():
+    fuse = {job.device: next(k for k in space.searched_knobs(job)[0] if k.field == "fuse_grad_size_in_MB").values
+            for job in (space.JobShape("cpu", 2, 1), space.JobShape("gpu", 16, 2))}
+    assert fuse == {"cpu": (4, 16, 32, 64, 128), "gpu": (1, 2, 4, 8, 16, 32, 64)}
+
+
 # --- writing the winner ------------------------------------------------------------------------
 YAML_TEXT = """# fleetlite 0.1.0 DistributedStrategy
 # my notes on this job
@@ -199,7 +205,8 @@ def test_fleetlite_tune_on_two_cpu_ranks_writes_a_valid_strategy(tmp_path):
     text = path.read_text()
     assert [line for line in text.splitlines() if line.startswith("#") and not line.startswith("#|")] == comments
     rows = [re.split(r" {2,}", line[3:]) for line in text.splitlines() if re.match(r"#\| \d", line)]
-    assert rows[0][:2] == ["1", "start: fuse_grad_size_in_MB=4, pto=False"] and len(rows) >= 2
+    preset = DistributedStrategy.load(os.path.join(ROOT, "configs", "cpu_gloo.yaml")).fuse_grad_size_in_MB
+    assert rows[0][:2] == ["1", f"start: fuse_grad_size_in_MB={preset}, pto=False"] and len(rows) >= 2
     step_ms, sync_ms = float(rows[0][2]), float(rows[0][4])   # the start's trial measured both
     assert step_ms > 0 and abs(sync_ms) < 10 * step_ms
     strategy = DistributedStrategy.load(path).validate()
@@ -207,7 +214,7 @@ def test_fleetlite_tune_on_two_cpu_ranks_writes_a_valid_strategy(tmp_path):
     assert verdict, text
     changed = dict(pair.split("=") for pair in verdict.group(1).split(", ")) if verdict.group(1) else {}
     assert set(changed) <= {"fuse_grad_size_in_MB", "pto"}
-    assert strategy.fuse_grad_size_in_MB == int(changed.get("fuse_grad_size_in_MB", 4))
+    assert strategy.fuse_grad_size_in_MB == int(changed.get("fuse_grad_size_in_MB", preset))
     assert strategy.pto == (changed.get("pto") == "True")
     assert re.search(r"spread between repeats \(noise\)|no config ran twice", result.stderr)
 
