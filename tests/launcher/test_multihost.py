@@ -19,7 +19,7 @@ from fleetlite.errors import LaunchError
 from fleetlite.launcher.host_link import HEARTBEAT, RemoteLink, follow_first_host
 from fleetlite.launcher.preflight import gloo_interface
 from fleetlite.launcher.supervisor import StopRequest
-from multiprocess import clean_environment, run_job
+from support.multiprocess import clean_environment, run_job
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))

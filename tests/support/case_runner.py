@@ -8,8 +8,8 @@ import paddle
 
 import fleetlite as fleet
 from fleetlite.compression.sparse_exchange import IN_ORDER
-from multiprocess import write_result
-from workers import models
+from support.multiprocess import write_result
+from support import models
 
 
 def train_each_case(train, rows_per_rank):

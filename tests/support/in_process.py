@@ -6,7 +6,7 @@ import paddle
 
 from fleetlite import DistributedStrategy, Topology
 from fleetlite.runtime import training_program
-from workers import models
+from support import models
 
 SEED = 5
 

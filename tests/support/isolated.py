@@ -6,7 +6,7 @@
 
 Paddle's bfloat16/float16 kernels can die with SIGSEGV (notes: oneDNN's bfloat16 matmul_grad);
 in-process, that takes pytest and every later test down. The decorated test re-runs its own
-function in a child (`python -m isolated FOLDER MODULE FUNCTION ARGS`), with faulthandler on; the parent
+function in a child (`python -m support.isolated FOLDER MODULE FUNCTION ARGS`), with faulthandler on; the parent
 fails with the child's exit status or signal and the tail of its output (faulthandler's Python
 stack and Paddle's C++ stack), and the suite goes on. Arguments (pytest parameters) must be
 JSON values; fixtures are not available in the child. Every child is bounded by `timeout` and
@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 CHILD_ENV = {"OMP_NUM_THREADS": "1", "GLOG_minloglevel": "2"}
 TAIL_LINES = 40
 
@@ -44,7 +44,7 @@ def run(function, args=(), kwargs=None, timeout=120):
     """Call `function(*args, **kwargs)` in a child Python; raise ChildFailed unless it returns."""
     module = function.__module__
     folder = str(Path(function.__code__.co_filename).resolve().parent)
-    command = [sys.executable, "-m", "isolated", folder, module, function.__qualname__,
+    command = [sys.executable, "-m", "support.isolated", folder, module, function.__qualname__,
                json.dumps({"args": list(args), "kwargs": kwargs or {}})]
     # faulthandler is switched on in the child once Paddle is imported (PYTHONFAULTHANDLER would
     # make that a no-op: enabled before Paddle's handler, then replaced by it)

@@ -21,7 +21,7 @@ from fleetlite.topology.env_contract import worker_env
 from fleetlite.topology.topology import Topology
 
 RESULT_ENV = "FLEETLITE_RESULT"
-SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher_scripts")
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launcher_scripts")
 FLEETRUN = [sys.executable, "-m", "fleetlite.launcher"]
 QUIET_CPU = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "GLOG_minloglevel": "2",
              "PYTHONWARNINGS": "ignore"}
