@@ -43,18 +43,18 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: $(BENCH_STAMP)
 	mkdir -p log
-	cd benchmarks && ../$(PY) gradsync.py --json ../log/bench_gradsync.json
-	cd benchmarks && ../$(PY) resnet50_step.py --json ../log/bench_resnet50_step.json
-	cd benchmarks && ../$(PY) step_overhead.py --json ../log/bench_step_overhead.json
-	cd benchmarks && ../$(PY) data_loading.py --json ../log/bench_data_loading.json
-	cd benchmarks && ../$(PY) pto.py --json ../log/bench_pto.json
-	cd benchmarks && ../$(PY) data_cache.py --json ../log/bench_data_cache.json
-	cd benchmarks && ../$(PY) amp_bf16.py --json ../log/bench_amp_bf16.json
-	cd benchmarks && ../$(PY) topk_select.py --json ../log/bench_topk_select.json
-	cd benchmarks && ../$(PY) topk_wire_bytes.py --json ../log/bench_topk_wire_bytes.json
-	cd benchmarks && ../$(PY) topk_throttled.py --json ../log/bench_topk_throttled.json
-	cd benchmarks && ../$(PY) topk_accuracy.py --json ../log/bench_topk_accuracy.json
-	cd benchmarks && ../$(PY) multihost.py --json ../log/bench_multihost.json
+	$(PY) -m benchmarks.gradsync.gradsync --json log/bench_gradsync.json
+	$(PY) -m benchmarks.step_overhead.resnet50_step --json log/bench_resnet50_step.json
+	$(PY) -m benchmarks.step_overhead.step_overhead --json log/bench_step_overhead.json
+	$(PY) -m benchmarks.data.data_loading --json log/bench_data_loading.json
+	$(PY) -m benchmarks.pto.pto --json log/bench_pto.json
+	$(PY) -m benchmarks.data.data_cache --json log/bench_data_cache.json
+	$(PY) -m benchmarks.amp.amp_bf16 --json log/bench_amp_bf16.json
+	$(PY) -m benchmarks.topk.topk_select --json log/bench_topk_select.json
+	$(PY) -m benchmarks.topk.topk_wire_bytes --json log/bench_topk_wire_bytes.json
+	$(PY) -m benchmarks.topk.topk_throttled --json log/bench_topk_throttled.json
+	$(PY) -m benchmarks.topk.topk_accuracy --json log/bench_topk_accuracy.json
+	$(PY) -m benchmarks.multihost.multihost --json log/bench_multihost.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info log

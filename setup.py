@@ -1,7 +1,7 @@
 """The package list, computed so that a wheel cannot leave a sub-package out (setup.cfg holds
 everything else). Every folder with an __init__.py under fleetlite/ is a package; launcher/ and
 strategies/ stay top-level folders and install as fleetlite.launcher and fleetlite.strategies,
-their own sub-packages included. tests/, benchmarks/ and examples/ are not packages."""
+their own sub-packages included. tests/, benchmarks/ and examples/ are not installed."""
 from setuptools import find_packages, setup
 
 MAPPED_FOLDERS = {"fleetlite.launcher": "launcher", "fleetlite.strategies": "strategies"}

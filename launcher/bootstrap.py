@@ -31,6 +31,7 @@ from fleetlite.errors import ScriptDone
 from fleetlite.interprocess import tcp_ports
 from fleetlite.launcher import worker_records
 from fleetlite.paddle_compat import quiet_warnings as paddle_noise
+from fleetlite.paddle_compat import removed_names, termination
 from fleetlite.runtime import collective_waits
 from fleetlite.topology import env_contract
 
@@ -105,9 +106,7 @@ def _wait_for_store_first(distributed, port):
 
 
 def instrument_paddle(paddle, environ):
-    # Paddle's fatal-signal handler turns fleetrun's SIGTERM into a C++ "FatalError: Termination
-    # signal" report, which would read like a crash in the log of every rank that was only stopped.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    termination.quiet_sigterm()
     progress_file = environ.get(env_contract.PROGRESS_FILE)
     if progress_file:
         progress = worker_records.ProgressWriter(progress_file)
@@ -127,18 +126,9 @@ def _traceback_from(script, exc):
     return "".join(traceback.format_exception(type(exc), exc, frame or exc.__traceback__))
 
 
-# Errors from names Paddle 3 removed, for which fleetlite has the replacement: the fix is added
-# to the worker's traceback (and so to fleetrun's failure report).
-REMOVED_IN_PADDLE3 = {
-    "module 'paddle.static' has no attribute 'ExecutionStrategy'":
-        "fleetlite: Paddle 3 removed paddle.static.ExecutionStrategy; build it with "
-        "fleetlite.ExecutionStrategy() (same fields; assign it to strategy.execution_strategy)",
-}
-
-
 def with_fix(exc, text):
     """`text` (exc's traceback) plus the fix fleetlite knows for exc, if any."""
-    fix = REMOVED_IN_PADDLE3.get(str(exc)) if isinstance(exc, AttributeError) else None
+    fix = removed_names.fix_for(exc)
     return f"{text}{fix}\n" if fix else text
 
 

@@ -15,7 +15,7 @@ concat and unpacked with one split otherwise).
 Why broadcast and not all_gather: all_gather needs the same shape from every rank, and the
 parts are whole parameters of unequal sizes, so it would need every part padded to the
 largest and packed and unpacked on every rank; broadcast sends each part as it is, with no
-copy for a single parameter (benchmarks/pto.py measures both).
+copy for a single parameter (benchmarks/pto/pto.py measures both).
 
 The gradient communication is left as it is: every rank keeps all reduced gradients, so a
 global-norm clip computes the norm over all of them exactly as one process does, and AMP's

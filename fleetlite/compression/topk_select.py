@@ -6,7 +6,7 @@
 arrays; on a CPU a C-contiguous float array is read in place, see `tensor_over`) or a Paddle
 tensor or static value (and return the same). The one function runs eagerly
 and builds the static (PIR) ops the `topk` pass puts in training programs, with the same kernel,
-so what benchmarks/topk_select.py measures eagerly is what training runs.
+so what benchmarks/topk/topk_select.py measures eagerly is what training runs.
 
 MSTopK (Shi et al., MLSys'21) bisects a threshold mean(a) + r * (max(a) - mean(a)) on a = |x|
 instead of sorting. A bisection over the whole tensor costs a full pass per iteration (on CPU,

@@ -12,6 +12,10 @@ LAST_NEEDED = {
     "place warning": (3, 3),           # quiet_warnings.differentiating
     "out tensor glog line": (3, 3),    # quiet_warnings.CONSOLE_DROPPED (fleetrun's console only)
     "PIR value clip": (3, 3),          # value_clip.buildable
+    "LR scheduler in the global scope": (3, 3),    # static_execution.static_mode
+    "eager parameter list": (3, 3),    # static_execution.eager_parameters_hidden
+    "SIGTERM crash report": (3, 3),    # termination.quiet_sigterm
+    "ExecutionStrategy removed": (3, 3),   # removed_names.fix_for
 }
 
 

@@ -13,7 +13,6 @@ initial values are then broadcast, eagerly, to every rank. Each call feeds the b
 compiled step and returns the loss as a Tensor (`set_state_dict` writes into the shared buffers,
 so what it loads is what trains next). Paddle's own `paddle.distributed.to_static`/`DistModel` works this way.
 """
-import contextlib
 from dataclasses import dataclass
 from typing import Any, Tuple
 
@@ -24,6 +23,7 @@ import paddle.distributed as dist
 from fleetlite.compile import program_edit
 from fleetlite.runtime import process_group, sharded_state
 from fleetlite.errors import CompileError, DygraphError
+from fleetlite.paddle_compat import static_execution
 from fleetlite.runtime import optimizer_state, traced_loss
 
 _MODEL_INITIALISERS = ("builtin.set_parameter", "pd_op.full", "pd_op.broadcast_")
@@ -77,13 +77,14 @@ class TrainStep:
         main, startup, (loss,) = traced.main_program, traced.startup_program, traced.outputs
         eager, values = traced.parameters
         trained = {param.name for param in self._optimizer.inner_opt._parameter_list if not param.stop_gradient}
-        with _hidden_parameter_list(self._optimizer.inner_opt), _static_mode(), paddle.static.program_guard(main, startup):
+        with static_execution.eager_parameters_hidden(self._optimizer.inner_opt), static_execution.static_mode(), \
+                paddle.static.program_guard(main, startup):
             self._optimizer.minimize(loss, startup, [value for value in values if value.name in trained])
         model_names = {param.name for param in eager}
         _drop_initialisers(startup, model_names)
         scope = paddle.static.Scope()
         executor = paddle.static.Executor(paddle.framework._current_expected_place())
-        with _static_mode(scope):
+        with static_execution.static_mode(scope):
             executor.run(startup, scope=scope)
         learning_rate = self._optimizer.inner_opt._learning_rate_map.get(main)   # configuration, not state
         not_state = model_names | {learning_rate.name} if learning_rate is not None else model_names
@@ -113,7 +114,7 @@ class TrainStep:
     def _run(self, compiled, batch):
         feed = {name: value.numpy() if isinstance(value, paddle.Tensor) else value
                 for name, value in zip(compiled.feeds, batch)}
-        with _static_mode(compiled.scope):
+        with static_execution.static_mode(compiled.scope):
             loss, = compiled.executor.run(compiled.program, feed=feed, fetch_list=[compiled.loss],
                                           scope=compiled.scope)
         return paddle.to_tensor(np.asarray(loss))
@@ -144,26 +145,3 @@ def _drop_initialisers(startup, model_names):
                                        f"value in {user.name()}, which fleet.train_step does not expect")
                 doomed[user.id()] = user
     program_edit.remove_ops(block, list(doomed.values()))
-
-
-@contextlib.contextmanager
-def _hidden_parameter_list(optimizer):
-    """Build with the optimizer's eager parameter list hidden: backward must see the program's."""
-    saved, optimizer._parameter_list = optimizer._parameter_list, None
-    try:
-        yield
-    finally:
-        optimizer._parameter_list = saved
-
-
-@contextlib.contextmanager
-def _static_mode(scope=None):
-    """Static mode (the Executor runs PIR programs only there) with `scope` as the global scope
-    (Paddle's executor writes the LR scheduler's value into the global scope, whatever scope
-    `run` is given)."""
-    paddle.enable_static()
-    try:
-        with paddle.static.scope_guard(scope) if scope is not None else contextlib.nullcontext():
-            yield
-    finally:
-        paddle.disable_static()

@@ -7,20 +7,22 @@ from pathlib import Path
 
 import paddle
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_driver(tmp_path, script, *args, timeout=240):
-    """(the finished process, its --json report) of one benchmark driver run, which must exit 0."""
+def run_driver(tmp_path, module, *args, timeout=240):
+    """(the finished process, its --json report) of one benchmark driver run (`python -m module` from
+    the repository root, as `make bench` runs it), which must exit 0."""
     out = tmp_path / "report.json"
-    result = subprocess.run([sys.executable, script, *args, "--json", str(out)], cwd=BENCHMARKS,
+    result = subprocess.run([sys.executable, "-m", module, *args, "--json", str(out)], cwd=ROOT,
                             capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-2000:]
     return result, json.loads(out.read_text())
 
 
 def test_gradsync_driver_runs_its_contenders_and_reports_ratios(tmp_path):
-    result, report = run_driver(tmp_path, "gradsync.py", "--only", "paddle_flat_limit", "fleetlite_cpu_preset",
+    result, report = run_driver(tmp_path, "benchmarks.gradsync.gradsync", "--only", "paddle_flat_limit",
+                                "fleetlite_cpu_preset",
                                 "--rounds", "1", "--warmup", "0", "--reps", "1")
     assert [row["contender"] for row in report["rows"]] == ["paddle_flat_limit", "fleetlite_cpu_preset"]
     assert all(row["median_ms"] > 0 for row in report["rows"])
@@ -31,14 +33,14 @@ def test_gradsync_driver_runs_its_contenders_and_reports_ratios(tmp_path):
 
 
 def test_data_loading_driver_runs_its_contenders_and_reports_ratios(tmp_path):
-    _, report = run_driver(tmp_path, "data_loading.py", "--samples", "20000", "--records", "800",
+    _, report = run_driver(tmp_path, "benchmarks.data.data_loading", "--samples", "20000", "--records", "800",
                            "--rounds", "1", "--warmup", "0", "--reps", "1")
     assert len(report["rows"]) == 8 and all(row["median_ms"] > 0 for row in report["rows"])
     assert {"sampler_fleetlite_vs_paddle", "records_shard_of_2_vs_whole"} <= set(report["ratios"])
 
 
 def test_data_cache_driver_runs_quick_and_reports_every_key(tmp_path):
-    _, report = run_driver(tmp_path, "data_cache.py", "--quick", timeout=300)
+    _, report = run_driver(tmp_path, "benchmarks.data.data_cache", "--quick", timeout=300)
     assert {"uncached_epoch_s", "epoch1_s", "epoch2_s", "page_cache_epoch_s", "stall_fraction",
             "resident_bytes_per_node", "sizes", "decode_images_per_s", "with_augmentation", "with_dali_augmentation",
             "load_average_1_5_15_min"} <= set(report)
@@ -51,7 +53,8 @@ def test_data_cache_driver_runs_quick_and_reports_every_key(tmp_path):
 
 
 def test_amp_bf16_driver_measures_where_the_cpu_has_bfloat16_and_says_why_not_elsewhere(tmp_path):
-    result, report = run_driver(tmp_path, "amp_bf16.py", "--rounds", "1", "--warmup", "0", "--reps", "1", timeout=480)
+    result, report = run_driver(tmp_path, "benchmarks.amp.amp_bf16", "--rounds", "1", "--warmup", "0", "--reps", "1",
+                                timeout=480)
     if not paddle.base.core.supports_bfloat16():
         assert result.stdout.startswith("skipped: this CPU has no AVX512-BF16")
         assert report == {"skipped": result.stdout[len("skipped: "):].strip()}
@@ -62,7 +65,7 @@ def test_amp_bf16_driver_measures_where_the_cpu_has_bfloat16_and_says_why_not_el
 
 
 def test_topk_select_driver_runs_its_contenders_and_reports_ratios(tmp_path):
-    _, report = run_driver(tmp_path, "topk_select.py", "--sizes", "0.05", "--densities", "0.01",
+    _, report = run_driver(tmp_path, "benchmarks.topk.topk_select", "--sizes", "0.05", "--densities", "0.01",
                            "--rounds", "1", "--warmup", "0")
     (row,) = report["rows"]
     assert row["k"] == 500 and row["recall"] == 1.0
@@ -71,7 +74,7 @@ def test_topk_select_driver_runs_its_contenders_and_reports_ratios(tmp_path):
 
 
 def test_pto_driver_runs_its_contenders_and_reports_update_times_and_state_bytes(tmp_path):
-    _, report = run_driver(tmp_path, "pto.py", "--models", "small_params", "--rounds", "1", "--warmup", "0",
+    _, report = run_driver(tmp_path, "benchmarks.pto.pto", "--models", "small_params", "--rounds", "1", "--warmup", "0",
                            "--reps", "1")
     ratios = report["ratios"]["small_params"]
     assert ratios["update_ms_one_rank"] > 0 and ratios["update_ms_pto"] > 0
@@ -80,7 +83,7 @@ def test_pto_driver_runs_its_contenders_and_reports_update_times_and_state_bytes
 
 
 def test_topk_wire_bytes_driver_counts_what_the_formula_predicts_or_says_why_it_cannot(tmp_path):
-    result, report = run_driver(tmp_path, "topk_wire_bytes.py", "--exchanges", "dense", "topk_0.01",
+    result, report = run_driver(tmp_path, "benchmarks.topk.topk_wire_bytes", "--exchanges", "dense", "topk_0.01",
                                 "--layers", "64,512,10", "--rounds", "1", "--warmup", "1", "--steps", "2")
     if "skipped" in report:     # not root, or no iproute2: the reason is printed, nothing measured
         assert result.stdout.startswith("skipped: ") and report["skipped"]
@@ -93,7 +96,7 @@ def test_topk_wire_bytes_driver_counts_what_the_formula_predicts_or_says_why_it_
 
 
 def test_dygraph_step_driver_reports_both_ratios_and_the_first_call_time(tmp_path):
-    result, report = run_driver(tmp_path, "dygraph_step.py", "--models", "mlp", "--rounds", "1", "--warmup", "0",
+    result, report = run_driver(tmp_path, "benchmarks.dygraph.dygraph_step", "--models", "mlp", "--rounds", "1", "--warmup", "0",
                                 "--reps", "1")
     assert [row["model"] for row in report["rows"]] == ["mlp"]
     assert report["ratios"]["R_mlp"] > 0 and report["ratios"]["first_call_ms_mlp"] > 0

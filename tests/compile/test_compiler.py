@@ -16,7 +16,7 @@ from fleetlite.strategies import REGISTRY
 from fleetlite.compile.pass_contract import CompileContext, Pass, PassResult, Phase
 from fleetlite.strategies.data_parallel import DataParallel
 from fleetlite.strategies.gloo_lowering import GlooLowering
-from workers.models import backward_program
+from support.models import backward_program
 
 CPU_2 = Topology.grid(2)
 

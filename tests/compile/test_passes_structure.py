@@ -11,8 +11,8 @@ import pytest
 from fleetlite import Topology
 from fleetlite.compile import program_edit
 from fleetlite.strategies.fuse_all_reduce import plan_buckets
-from workers.in_process import strategy
-from workers.models import compiled_program, sequence
+from support.in_process import strategy
+from support.models import compiled_program, sequence
 
 GPU_32 = Topology.grid(32, 4, rank=9, device="gpu")     # node 1, local rank 1
 CPU_4 = Topology.grid(4, 2, rank=3)                      # node 1, local rank 1

@@ -24,7 +24,7 @@ from fleetlite.data.image_transforms import augment_image, decode_image
 from fleetlite.data.prefetch import Prefetcher
 from fleetlite.data.shared_store import RESERVED, SharedSampleStore
 from fleetlite.errors import DataError
-from multiprocess import run_job
+from support.multiprocess import run_job
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "cache_worker.py"
 FLOATS = 2560                                   # 10 KiB samples for the memory-bound checks

@@ -18,7 +18,7 @@ from fleetlite.data.dali_augmentation import DaliAugmentation, cached_image_pipe
 from fleetlite.data.image_transforms import IMAGENET_MEAN, IMAGENET_STD, decode_image
 from fleetlite.data.node_partition import block
 from fleetlite.errors import DataError
-from multiprocess import SCRIPTS, fleetrun
+from support.multiprocess import SCRIPTS, fleetrun
 
 pytest.importorskip("nvidia.dali", reason="the `test` extra installs nvidia-dali-cuda120; this checkout lacks it")
 

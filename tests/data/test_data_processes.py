@@ -7,7 +7,7 @@ import os
 import pytest
 
 from fleetlite.data.write_records import main as write_records
-from multiprocess import SCRIPTS, fleetrun
+from support.multiprocess import SCRIPTS, fleetrun
 
 TRAIN = os.path.join(SCRIPTS, "train_uneven_data.py")
 

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from multiprocess import FLEETRUN, SCRIPTS, clean_environment, fleetrun, without_root_override
+from support.multiprocess import FLEETRUN, SCRIPTS, clean_environment, fleetrun, without_root_override
 
 TRAIN = os.path.join(SCRIPTS, "train_linear.py")
 STEPS = 6

@@ -1,5 +1,5 @@
 """fleetrun across real network stacks: hosts are network namespaces with their own address,
-name and sshd (benchmarks/namespace_cluster.py), and `fleetrun --ssh` runs in node-a as a user
+name and sshd (benchmarks/harness/namespace_cluster.py), and `fleetrun --ssh` runs in node-a as a user
 would run it on the first host. Faults are real: a host's every process killed, a link cut, an
 ssh that cannot start, a hostname that resolves to 127.0.1.1. Every wait is bounded.
 """
@@ -19,11 +19,10 @@ from fleetlite.errors import LaunchError
 from fleetlite.launcher.host_link import HEARTBEAT, RemoteLink, follow_first_host
 from fleetlite.launcher.preflight import gloo_interface
 from fleetlite.launcher.supervisor import StopRequest
-from multiprocess import clean_environment, run_job
+from support.multiprocess import clean_environment, run_job
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-import namespace_cluster  # noqa: E402  (the benchmarks' folder is not a package)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository root, where benchmarks/ is a package
+from benchmarks.harness import namespace_cluster  # noqa: E402
 
 TRAIN = str(Path(__file__).resolve().parents[1] / "launcher_scripts" / "train_linear.py")
 WORKERS = Path(__file__).resolve().parents[1] / "workers"

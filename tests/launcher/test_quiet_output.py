@@ -12,7 +12,7 @@ import warnings
 
 from fleetlite.launcher.log_tee import LogTee
 from fleetlite.paddle_compat import quiet_warnings as paddle_noise
-from multiprocess import clean_environment, fleetrun
+from support.multiprocess import clean_environment, fleetrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HELD = ("No ccache found", "Tensor do not have 'place' interface for pir graph mode")

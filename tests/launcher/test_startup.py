@@ -1,5 +1,5 @@
 """What fleetrun and each worker's bootstrap load before the script runs: launch speed depends
-on it (benchmarks/launch_speed.py measures the whole path)."""
+on it (benchmarks/launch/launch_speed.py measures the whole path)."""
 import importlib.metadata
 import subprocess
 import sys

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from multiprocess import clean_environment
+from support.multiprocess import clean_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_FOLDERS = {"fleetlite": "fleetlite", "launcher": "fleetlite/launcher", "strategies": "fleetlite/strategies"}

@@ -2,18 +2,21 @@
 Each test shows the problem is still there, without the workaround; once one fails, Paddle fixed
 it: delete the workaround and its entry in version_gate.LAST_NEEDED.
 
-Also: the gate itself (a workaround stands aside on a Paddle release after its last needed one).
+Also: the gate itself (a workaround stands aside on a Paddle release after its last needed one),
+and a workaround no other test reaches (quiet_sigterm).
 """
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import warnings
 
+import numpy as np
 import paddle
 import pytest
 
-from fleetlite.paddle_compat import quiet_warnings, version_gate
+from fleetlite.paddle_compat import quiet_warnings, removed_names, version_gate
 
 
 def _installed_release_is_gated(workaround):
@@ -62,3 +65,55 @@ def test_clip_grad_by_value_still_cannot_build_a_pir_clip():
     _installed_release_is_gated("PIR value clip")
     with pytest.raises(NotImplementedError):
         paddle.nn.ClipGradByValue(1.0)._pir_clip([])
+
+
+def _program_with_lr_scheduler():
+    """(main, startup, loss) of a linear model trained by SGD with an LRScheduler; builds in static mode."""
+    paddle.enable_static()
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [4, 3], "float32")
+        loss = paddle.mean(paddle.nn.Linear(3, 1)(x))
+        paddle.optimizer.SGD(paddle.optimizer.lr.StepDecay(0.1, step_size=1)).minimize(loss)
+    return main, startup, loss
+
+
+def test_the_pir_executor_still_looks_for_the_learning_rate_in_the_global_scope():
+    _installed_release_is_gated("LR scheduler in the global scope")
+    main, startup, loss = _program_with_lr_scheduler()
+    scope, executor = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
+    executor.run(startup, scope=scope)
+    with pytest.raises(RuntimeError, match="learning_rate_0 is not found"):
+        executor.run(main, feed={"x": np.ones((4, 3), "float32")}, fetch_list=[loss], scope=scope)
+
+
+def test_minimize_in_a_static_program_still_takes_an_eager_optimizers_parameters():
+    _installed_release_is_gated("eager parameter list")
+    optimizer = paddle.optimizer.SGD(0.1, parameters=paddle.nn.Linear(3, 1).parameters())
+    paddle.enable_static()
+    with paddle.static.program_guard(paddle.static.Program(), paddle.static.Program()):
+        loss = paddle.mean(paddle.nn.Linear(3, 1)(paddle.static.data("x", [4, 3], "float32")))
+        with pytest.raises(TypeError, match="Value Wrapper is only support None and pir.Value"):
+            optimizer.minimize(loss)
+
+
+def test_sigterm_still_ends_a_paddle_process_with_a_crash_report():
+    _installed_release_is_gated("SIGTERM crash report")
+    script = "import os, signal, paddle; os.kill(os.getpid(), signal.SIGTERM)"
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "`Termination signal` is detected" in run.stdout + run.stderr   # Paddle prints it to stdout
+
+
+def test_paddle_static_still_has_no_execution_strategy():
+    _installed_release_is_gated("ExecutionStrategy removed")
+    with pytest.raises(AttributeError) as removed:
+        paddle.static.ExecutionStrategy
+    assert removed_names.fix_for(removed.value) is not None
+
+
+def test_quiet_sigterm_ends_a_paddle_process_without_the_report():
+    script = ("import os, signal, paddle; from fleetlite.paddle_compat import termination; "
+              "termination.quiet_sigterm(); os.kill(os.getpid(), signal.SIGTERM)")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == -signal.SIGTERM
+    assert "Termination signal" not in run.stdout + run.stderr

@@ -19,11 +19,11 @@ from fleetlite import CompileError, DistributedStrategy, StrategyConflictError, 
 from fleetlite.compile import compiler, mixed_precision, program_edit
 from fleetlite.runtime import training_program
 from fleetlite.compile.mixed_precision import fp16_guard
-from isolated import isolated
-from multiprocess import run_job
-from workers.models import backward_program
-from workers import in_process
-from workers.models import Mlp, compiled_program
+from support.isolated import isolated
+from support.multiprocess import run_job
+from support.models import backward_program
+from support import in_process
+from support.models import Mlp, compiled_program
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "numerics_worker.py"
 CPU_2, GPU_32 = Topology.grid(2), Topology.grid(32, 4, rank=9, device="gpu")

@@ -22,9 +22,9 @@ from fleetlite.compression import topk_select as topk
 from fleetlite.runtime import training_program
 from fleetlite.errors import CompileError
 from fleetlite.strategies.dgc import ACCUMULATED_SUFFIX, MOMENTUM_SUFFIX, phases
-from multiprocess import run_job
+from support.multiprocess import run_job
 from workers.dgc_worker import LEARNING_RATE, MOMENTUM, STEPS
-from workers.in_process import strategy
+from support.in_process import strategy
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "dgc_worker.py"
@@ -146,7 +146,7 @@ def test_the_schedule_branches_on_a_step_counter_dense_first_and_runs_in_program
 
 def test_gradients_under_16384_elements_go_dense_with_plain_momentum():
     paddle.enable_static()
-    from workers.models import compiled_program
+    from support.models import compiled_program
     main, _, built = compiled_program(strategy(dgc=True), Topology.grid(2, rank=0),
                                       optimizer=paddle.optimizer.Momentum(0.1, momentum=0.9))
     assert built.report.record("dgc").summary == ("no float gradient has 16384 elements: all go dense, the "

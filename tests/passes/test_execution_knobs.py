@@ -8,8 +8,8 @@ import pytest
 
 import fleetlite as fleet
 from fleetlite import CompileError, Topology
-from workers import models
-from workers.in_process import compile_only, strategy
+from support import models
+from support.in_process import compile_only, strategy
 
 CPU_2, GPU_32 = Topology.grid(2), Topology.grid(32, 4, rank=9, device="gpu")
 EXECUTOR_FLAGS = ("FLAGS_new_executor_serial_run", "FLAGS_new_executor_sequential_run", "FLAGS_pir_apply_inplace_pass")

@@ -18,8 +18,8 @@ import pytest
 
 from fleetlite import DistributedStrategy, Topology
 from fleetlite.compile import invariants, program_edit
-from multiprocess import run_job
-from workers.models import compiled_program
+from support.multiprocess import run_job
+from support.models import compiled_program
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "numerics_worker.py"
 GPU_32, CPU_2 = Topology.grid(32, 4, rank=9, device="gpu"), Topology.grid(2)

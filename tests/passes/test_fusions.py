@@ -11,7 +11,7 @@ import pytest
 from fleetlite import Topology
 from fleetlite.compile import program_edit
 from fleetlite.strategies.build_strategy_fusions import NO_CPU_KERNELS
-from workers.in_process import compile_only, strategy, train
+from support.in_process import compile_only, strategy, train
 
 CPU_2, GPU_32 = Topology.grid(2), Topology.grid(32, 4, rank=9, device="gpu")
 FUSE_OPTIMIZER = "build_strategy.fuse_all_optimizer_ops"

@@ -25,11 +25,11 @@ import pytest
 
 from fleetlite import CompileError, Topology
 from fleetlite.compile import compiler, invariants, program_edit
-from multiprocess import run_job
-from workers.models import backward_program
+from support.multiprocess import run_job
+from support.models import backward_program
 from workers import clip_worker
-from workers.in_process import strategy, train
-from workers.models import compiled_program, digits
+from support.in_process import strategy, train
+from support.models import compiled_program, digits
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "clip_worker.py"
 TOLERANCE = 1e-5

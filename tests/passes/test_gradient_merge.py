@@ -12,8 +12,8 @@ import pytest
 from fleetlite import Topology
 from fleetlite.compile import program_edit
 from fleetlite.strategies.gradient_merge import ACCUMULATOR_SUFFIX
-from isolated import isolated
-from workers.in_process import compile_only, strategy, train
+from support.isolated import isolated
+from support.in_process import compile_only, strategy, train
 
 CPU_4 = Topology.grid(4, 2, rank=3)
 PARAMETERS = ["linear_0.b_0", "linear_0.w_0", "linear_1.b_0", "linear_1.w_0"]

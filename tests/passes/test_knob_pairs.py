@@ -20,7 +20,7 @@ import pytest
 
 from fleetlite import DistributedStrategy
 from fleetlite.strategies import REGISTRY
-from multiprocess import run_job
+from support.multiprocess import run_job
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "knob_pairs_worker.py"
 # The shared fixture's four jobs take ~2-3 minutes on a quiet 2-core machine; pytest-timeout

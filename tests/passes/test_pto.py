@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from multiprocess import run_job
+from support.multiprocess import run_job
 from workers.pto_worker import CONFIGS
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "pto_worker.py"

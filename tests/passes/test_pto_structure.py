@@ -12,9 +12,9 @@ from fleetlite import DistributedStrategy, Topology
 from fleetlite.compile import program_edit
 from fleetlite.errors import CompileError, StrategyConflictError
 from fleetlite.strategies.pto import plan_exchange, plan_partition
-from workers.in_process import strategy
-from workers.models import sequence
-from workers.models import compiled_program
+from support.in_process import strategy
+from support.models import sequence
+from support.models import compiled_program
 
 MLP_BYTES = [40, 1280, 128, 8192]
 ONE_BUCKET = {"fuse_grad_size_in_MB": 1024, "fuse_grad_size_in_TFLOPS": 0, "last_comm_group_size_MB": 0}

@@ -11,8 +11,8 @@ import pytest
 
 from fleetlite import DistributedStrategy, Topology
 from fleetlite.compile import program_edit
-from multiprocess import run_job
-from workers.models import compiled_program
+from support.multiprocess import run_job
+from support.models import compiled_program
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "numerics_worker.py"
 TOLERANCE = 1e-5

@@ -20,9 +20,9 @@ from fleetlite.compile import compiler, invariants, program_edit
 from fleetlite.runtime import training_program
 from fleetlite.compile.ring_table import RingTable
 from fleetlite.strategies.topk_exchange import RESIDUAL_SUFFIX, Levels
-from multiprocess import run_job
-from workers.in_process import strategy
-from workers.models import compiled_program, loss
+from support.multiprocess import run_job
+from support.in_process import strategy
+from support.models import compiled_program, loss
 from workers.topk_worker import LEARNING_RATE, STEPS
 
 ROOT = Path(__file__).resolve().parents[2]

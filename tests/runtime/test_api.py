@@ -13,7 +13,7 @@ import fleetlite as fleet
 from fleetlite import api
 from fleetlite.topology.env_contract import EXPLAIN_ONLY, worker_env
 from fleetlite.topology.topology import Topology
-from multiprocess import RESULT_ENV, JobFailed, free_port, run_job
+from support.multiprocess import RESULT_ENV, JobFailed, free_port, run_job
 
 ROOT = Path(__file__).resolve().parents[2]
 API_WORKER = ROOT / "tests" / "workers" / "api_worker.py"

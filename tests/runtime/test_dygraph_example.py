@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from multiprocess import clean_environment
+from support.multiprocess import clean_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -24,8 +24,9 @@ from fleetlite import api
 from fleetlite.topology.env_contract import EXPLAIN_ONLY
 from fleetlite.errors import DygraphError, ScriptDone
 from fleetlite.runtime import eager_data_parallel
-from multiprocess import clean_environment
-from workers import dygraph_worker, models
+from support.multiprocess import clean_environment
+from support import models
+from workers import dygraph_worker
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "dygraph_worker.py"
 TOLERANCE = 1e-5

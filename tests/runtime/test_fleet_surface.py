@@ -25,7 +25,7 @@ from fleetlite.fleet_surface import UNSUPPORTED
 from fleetlite.runtime.job_values import JobValues
 from fleetlite.topology.topology import Topology
 from launcher_scripts.fleet_surface import file_digests
-from multiprocess import clean_environment
+from support.multiprocess import clean_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "launcher_scripts"

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from multiprocess import run_job
-from workers.models import MODELS
+from support.multiprocess import run_job
+from support.models import MODELS
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "parity_worker.py"
 LAST_BUCKET_OFF = {"last_comm_group_size_MB": 0}

@@ -1,4 +1,4 @@
-"""tests/isolated.py: a native crash, a failed assertion or a hang in an isolated body fails that
+"""tests/support/isolated.py: a native crash, a failed assertion or a hang in an isolated body fails that
 test with the child's signal or status and its stack; the calling process lives on."""
 import ctypes
 import re
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from isolated import ChildFailed, isolated
+from support.isolated import ChildFailed, isolated
 
 
 @isolated(timeout=60)

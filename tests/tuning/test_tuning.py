@@ -12,7 +12,7 @@ from fleetlite.launcher.spec import parse_launch_spec
 from fleetlite.strategy.distributed_strategy import DistributedStrategy
 from fleetlite.tuning import search, space, strategy_writer
 from fleetlite.tuning.search import TrialResult, decide, next_trial, stop_early
-from multiprocess import clean_environment, without_root_override
+from support.multiprocess import clean_environment, without_root_override
 
 FUSE = space.Knob("fuse_grad_size_in_MB", (4, 16, 32))
 RINGS = space.Knob("nccl_comm_num", (1, 2))

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
 from fleetlite.compile.pass_contract import CompileContext  # noqa: E402
 from fleetlite.strategies.gloo_lowering import GlooLowering  # noqa: E402
-from multiprocess import write_result  # noqa: E402
-from workers.models import loss  # noqa: E402
+from support.multiprocess import write_result  # noqa: E402
+from support.models import loss  # noqa: E402
 
 
 def lowered_fp16_sum(topology, rank):

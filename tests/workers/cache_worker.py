@@ -16,7 +16,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetlite.data import CachedSamples, FileSource, NodePartitionBatchSampler, PrefetchLoader  # noqa: E402
 from fleetlite.data.running_job import topology  # noqa: E402
-from multiprocess import write_result  # noqa: E402
+from support.multiprocess import write_result  # noqa: E402
 
 
 def decode(data):

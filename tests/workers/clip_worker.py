@@ -30,8 +30,8 @@ import fleetlite as fleet  # noqa: E402
 from fleetlite.compile import compiler  # noqa: E402
 from fleetlite.runtime import training_program  # noqa: E402
 from fleetlite.topology.env_contract import read_topology  # noqa: E402
-from multiprocess import write_result  # noqa: E402
-from workers import models  # noqa: E402
+from support.multiprocess import write_result  # noqa: E402
+from support import models  # noqa: E402
 
 BATCH, MICRO_STEPS, SEED = 16, 4, 31
 DECAY_COEFF = 0.01

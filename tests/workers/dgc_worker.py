@@ -18,7 +18,7 @@ import paddle
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
 from fleetlite.api import _topology  # noqa: E402
-from workers import case_runner, models  # noqa: E402
+from support import case_runner, models  # noqa: E402
 
 ROWS, STEPS, HIDDEN, LEARNING_RATE, MOMENTUM = 16, 7, 300, 0.1, 0.9
 

@@ -21,7 +21,7 @@ import paddle
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
-from workers import models  # noqa: E402
+from support import models  # noqa: E402
 from workers.knob_pairs_worker import make_strategy  # noqa: E402
 
 BATCH, STEPS, SEED = 32, 4, 2024

@@ -18,8 +18,8 @@ import paddle
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
 from fleetlite import CompileError, StrategyConflictError  # noqa: E402
-from multiprocess import write_result  # noqa: E402
-from workers import models  # noqa: E402
+from support.multiprocess import write_result  # noqa: E402
+from support import models  # noqa: E402
 
 BATCH, MICRO_STEPS, SEED = 8, 4, 11
 EXECUTOR_FLAGS = ("FLAGS_new_executor_serial_run", "FLAGS_new_executor_sequential_run", "FLAGS_pir_apply_inplace_pass")

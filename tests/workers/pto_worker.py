@@ -18,8 +18,8 @@ import paddle
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
-from multiprocess import write_result  # noqa: E402
-from workers import models  # noqa: E402
+from support.multiprocess import write_result  # noqa: E402
+from support import models  # noqa: E402
 
 BATCH, STEPS, SEED = 16, 4, 7
 CHECKPOINT_CONFIG = "adam"

@@ -22,7 +22,7 @@ from fleetlite.compile import program_edit  # noqa: E402
 from fleetlite.compression import mstopk_kernel  # noqa: E402
 from fleetlite.api import _topology  # noqa: E402
 from fleetlite.strategies.topk_exchange import RESIDUAL_SUFFIX  # noqa: E402
-from workers import case_runner, models  # noqa: E402
+from support import case_runner, models  # noqa: E402
 
 ROWS, STEPS, HIDDEN, LEARNING_RATE = 16, 6, 300, 0.1
 TAKEN = ("linear_0.w_0", "linear_1.w_0")

@@ -1,0 +1,1 @@
+"""The amp benchmarks: drivers and the workers they start."""

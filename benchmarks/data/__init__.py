@@ -1,0 +1,1 @@
+"""The data benchmarks: drivers and the workers they start."""

@@ -1,0 +1,1 @@
+"""The dygraph benchmarks: drivers and the workers they start."""

@@ -1,0 +1,1 @@
+"""The gradsync benchmarks: drivers and the workers they start."""

@@ -1,0 +1,1 @@
+"""What every benchmark shares: worker groups timed in rounds, network namespaces, test clusters."""

@@ -1,0 +1,1 @@
+"""The launch benchmarks: drivers and the workers they start."""

@@ -1,0 +1,1 @@
+"""The multihost benchmarks: drivers and the workers they start."""

@@ -1,0 +1,1 @@
+"""The pto benchmarks: drivers and the workers they start."""

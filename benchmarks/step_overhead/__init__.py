@@ -1,0 +1,1 @@
+"""The step_overhead benchmarks: drivers and the workers they start."""

@@ -1,0 +1,1 @@
+"""The topk benchmarks: drivers and the workers they start."""

@@ -1,0 +1,104 @@
+"""The gradient exchanges the top-k benchmarks compare, and the bytes each should put on the wire.
+
+An exchange is one entry of EXCHANGES: a name, the strategy fields that select it (on top of
+the CPU preset, configs/cpu_gloo.yaml) and the formula of the bytes a rank sends per step. A new
+exchange (dgc was one) is one more entry; without a formula of its own its bytes are
+measured but not predicted, and with a `family` and `density` it joins the throttled benchmark's
+density sweep.
+
+Formulas (W ranks, gloo, read in gloo's allreduce.cc and allgather.cc; Paddle's GlooCommContext
+calls gloo::allreduce without choosing an algorithm, which is the ring):
+- all-reduce of N bytes: the ring's reduce-scatter then all-gather, each rank sending W-1 of its
+  W segments in each phase: 2 (W-1)/W * N per rank (N at W = 2);
+- all-gather of b bytes per rank: a ring, each rank forwarding W-1 blocks: (W-1) * b per rank;
+  one-level top-k all-gathers k values and k int32 indices per gradient: (W-1) * k * (4 + 4),
+  and so does dgc once its schedule reached its last sparsity.
+The wire adds TCP/IP framing (a 66-byte header per segment of up to 64 KiB on loopback, and
+acknowledgements) and gloo's message headers: small for large messages, not for a few hundred
+bytes.
+"""
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import fleetlite as fleet
+
+PRESET = Path(__file__).resolve().parents[2] / "configs" / "cpu_gloo.yaml"
+
+
+def allreduce_ring_bytes(payload, world):
+    return 2 * (world - 1) / world * payload
+
+
+def allgather_ring_bytes(payload, world):
+    return (world - 1) * payload
+
+
+def dense_and_one_level_topk_bytes(report, world):
+    """Bytes one rank sends per step: every dense bucket all-reduced, every top-k (or dgc)
+    gradient's (values, indices) all-gathered. None if the report shows a pass this formula does
+    not model (hierarchical top-k, whose CPU lowering emulates its rings on ring 0)."""
+    modelled = {"data_parallel", "topk", "dgc", "dgc_update", "fuse_all_reduce_ops", "gloo_lowering",
+                "copy_free_buckets", "gradient_scale_configs.scale_gradient"}
+    if set(report.applied) - modelled or ("topk" in report.applied and
+                                          "hierarchical" in report.record("topk").details):
+        return None
+    sent = sum(allreduce_ring_bytes(bucket["bytes"], world) for bucket in report.buckets)
+    for sparse in {"topk", "dgc"} & set(report.applied):
+        sent += allgather_ring_bytes(report.record(sparse).details["sparse_bytes_per_step"], world)
+    return sent
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """`family` and `density` place a sparse exchange on a density sweep (topk_throttled.py finds,
+    per family, the largest density at which it beats dense)."""
+    name: str
+    fields: dict = field(default_factory=dict)
+    formula: Optional[Callable] = dense_and_one_level_topk_bytes
+    family: Optional[str] = None
+    density: Optional[float] = None
+
+    def strategy(self, **more):
+        """The CPU preset with this exchange's fields, then `more` (e.g. data_configs for a seed)."""
+        strategy = fleet.DistributedStrategy.load(PRESET)
+        for name, value in {**self.fields, **more}.items():
+            setattr(strategy, name, value)
+        return strategy
+
+
+def topk(density, error_feedback=True, warmup_steps=0):
+    family = "topk" if error_feedback else "topk_no_ef"
+    name = f"topk_{density:g}" + ("" if error_feedback else "_no_ef")
+    return Exchange(name, {"topk": True, "topk_configs": {
+        "density": density, "error_feedback": error_feedback, "warmup_steps": warmup_steps}},
+        family=family, density=density)
+
+
+def hierarchical_topk(density):
+    """Top-k exchanged in two levels (strategies/topk_exchange.py); needs ranks on several nodes, so it is
+    in no single-host sweep (no family). Its formula is None: on CPU its rings run on ring 0."""
+    return Exchange(f"hierarchical_topk_{density:g}", {"topk": True, "topk_configs": {
+        "density": density, "hierarchical": True}})
+
+
+def dgc(sparsity):
+    """Fleet's dgc at one sparsity from the first step (no dense phase, no ramp)."""
+    return Exchange(f"dgc_{1 - sparsity:g}", {"dgc": True, "dgc_configs": {
+        "rampup_begin_step": 0, "sparsity": [sparsity]}}, family="dgc", density=round(1 - sparsity, 6))
+
+
+DENSE = Exchange("dense")
+EXCHANGES = {exchange.name: exchange for exchange in [
+    DENSE,
+    topk(0.1), topk(0.01), topk(0.001),
+    topk(0.01, error_feedback=False), topk(0.001, error_feedback=False),
+    hierarchical_topk(0.01),
+    dgc(0.99), dgc(0.999),
+]}
+
+
+def exchange(name):
+    if name not in EXCHANGES:
+        raise SystemExit(f"unknown exchange {name!r}: use one of {', '.join(EXCHANGES)}")
+    return EXCHANGES[name]
