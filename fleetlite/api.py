@@ -16,7 +16,7 @@ import sys
 
 import paddle
 
-from fleetlite import bucket_views
+from fleetlite.compile import bucket_views
 from fleetlite.base.role_maker import PaddleCloudRoleMaker, RoleMakerBase
 from fleetlite.errors import FleetliteError, ForeignLauncherError, StrategyConflictError
 from fleetlite.runtime import checkpoint, eager_data_parallel, process_group, sharded_state

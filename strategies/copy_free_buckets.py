@@ -3,7 +3,7 @@
 Always on for CPU programs (it is how fleetlite makes buckets there, not a knob): after the
 gloo lowering, every bucket that gradient_buckets.emit left in its plain form (concat ->
 all_reduce_ on ring 0 -> scale_ -> split) becomes pack -> all_reduce_ -> alias on a persistable
-buffer (fleetlite.bucket_views): from the second step on, backward writes each gradient into
+buffer (fleetlite.compile.bucket_views): from the second step on, backward writes each gradient into
 its slot, the bucket costs one collective and no copy, and the 1/N scale rides on the pack.
 The GPU program keeps its own path (NCCL, concat/split around the collective).
 
@@ -22,8 +22,8 @@ import math
 
 import paddle
 
-from fleetlite import bucket_views, gradient_buckets, program_edit
-from fleetlite.strategies.base import Pass, PassResult, Phase
+from fleetlite.compile import bucket_views, gradient_buckets, program_edit
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 from fleetlite.strategies.gradient_merge import GradientMerge
 
 COPY_FREE = "copy-free"

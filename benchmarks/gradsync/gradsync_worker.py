@@ -62,7 +62,7 @@ def fleetlite_fused(size_mb, copy_free=True, loss_scaled=False):
     Returns (step, barrier, info): info is what the bucket kernels found in place so far."""
     import paddle
     import fleetlite as fleet
-    from fleetlite import bucket_views
+    from fleetlite.compile import bucket_views
     from fleetlite.strategies import copy_free_buckets
     if not copy_free:
         copy_free_buckets.CopyFreeBuckets.applicable = lambda self, topology, program: "the concat/split contender"

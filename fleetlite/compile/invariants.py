@@ -24,7 +24,7 @@ from fleetlite.compile.pass_contract import Phase
 SUMMING = ("pd_op.all_reduce", "pd_op.all_reduce_", "pd_op.reduce_scatter")
 SCATTER_ADD = "pd_op.scatter_nd_add"
 SCALING = ("pd_op.scale", "pd_op.scale_")
-PACK, ALIAS = "custom_op.fleetlite_bucket_pack_", "custom_op.fleetlite_bucket_alias_"   # fleetlite.bucket_views
+PACK, ALIAS = "custom_op.fleetlite_bucket_pack_", "custom_op.fleetlite_bucket_alias_"   # fleetlite.compile.bucket_views
 SUM, AVG = 0, 4   # reduce_types: the one that sums (max/min/prod do not), the one gloo rejects
 
 

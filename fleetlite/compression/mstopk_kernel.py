@@ -1,5 +1,5 @@
 """The compiled MSTopK selection (mstopk_select.cc) for CPU tensors: built once, cached, loaded
-(fleetlite.kernel_library). Where it cannot be built, `load_error()` says why, once as a
+(fleetlite.compile.kernel_library). Where it cannot be built, `load_error()` says why, once as a
 one-line warning, and fleetlite.topk runs its Paddle-op composition instead, as it does on GPUs.
 
 Once loaded, `select` builds the op: run eagerly on an eager tensor, or appended to the PIR
@@ -7,10 +7,10 @@ program being built (custom_op.fleetlite_mstopk), which Paddle's executor runs l
 """
 import os
 
-from fleetlite import paddle_noise
-from fleetlite.kernel_library import CACHE_ENV, KernelLibrary  # noqa: F401 (CACHE_ENV: the tests' name for it)
+from fleetlite.paddle_compat import quiet_warnings as paddle_noise
+from fleetlite.compile.kernel_library import CACHE_ENV, KernelLibrary  # noqa: F401 (CACHE_ENV: the tests' name for it)
 
-with paddle_noise.importing_paddle():       # a plain `import fleetlite.mstopk_kernel` may be Paddle's first
+with paddle_noise.importing_paddle():       # a plain `import fleetlite.compression.mstopk_kernel` may be Paddle's first
     import paddle
 
 OP_NAME = "fleetlite_mstopk"

@@ -11,9 +11,9 @@ import paddle
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
-from fleetlite import bucket_views  # noqa: E402
-from multiprocess import write_result  # noqa: E402
-from workers import models  # noqa: E402
+from fleetlite.compile import bucket_views  # noqa: E402
+from support.multiprocess import write_result  # noqa: E402
+from support import models  # noqa: E402
 
 ROWS, STEPS = 8, 3
 

@@ -1,6 +1,6 @@
 """Benchmark (a'): a real ResNet-50 training step, 2 processes over gloo vs 1 process.
 
-    .venv/bin/python benchmarks/resnet50_step.py [--rounds 5] [--batch 8] [--json out.json]
+    .venv/bin/python -m benchmarks.step_overhead.resnet50_step [--rounds 5] [--batch 8] [--json out.json]
 
 paddle.vision.models.resnet50() trained by fleetlite (configs/cpu_gloo.yaml), by Paddle dygraph
 DataParallel, and the same architecture by PyTorch DDP; SGD, 32x32 images, `--batch` per rank,
@@ -11,7 +11,7 @@ in-place count (bucket members backward wrote straight into their slots, of all 
 """
 import statistics
 
-from harness import measure, print_table, protocol_parser, publish
+from benchmarks.harness.runner import measure, print_table, protocol_parser, publish
 
 FRAMEWORKS = ["fleetlite", "paddle_dataparallel", "torch_ddp"]
 
@@ -22,7 +22,7 @@ def main():
     parser.set_defaults(rounds=5, warmup=1, reps=2)
     args = parser.parse_args()
     facts = {}
-    medians, foreign = measure([(f"{name}:{world}proc{'s' * (world > 1)}", ["resnet50_worker.py", name,
+    medians, foreign = measure([(f"{name}:{world}proc{'s' * (world > 1)}", ["benchmarks.step_overhead.resnet50_worker", name,
                                  str(args.batch)], world) for name in FRAMEWORKS for world in (2, 1)], args, facts)
     rows = []
     for name in FRAMEWORKS:

@@ -6,7 +6,7 @@ the all-reduce they batch (notes/p1_gradsync_study.md: 1.54-1.67x one flat all-r
 same bytes). strategies/copy_free_buckets.py replaces that with
     pack(grads, buffer, scale) -> all_reduce_(buffer) -> alias(buffer, grads)
 on a persistable buffer per bucket. The operators are compiled (bucket_views.cc, built and
-cached by fleetlite.kernel_library):
+cached by fleetlite.compile.kernel_library):
 - the pack copies a gradient into its slot of the buffer (times the 1/N scale) only when it is
   not already there, and re-points the gradient's variable at its slot;
 - the gradient values are marked persistable, so the executor keeps those variables instead of
@@ -25,10 +25,10 @@ The bucket buffers and the persistable gradients are no training state: saving s
 import ctypes
 import os
 
-from fleetlite import paddle_noise
-from fleetlite.kernel_library import KernelLibrary
+from fleetlite.paddle_compat import quiet_warnings as paddle_noise
+from fleetlite.compile.kernel_library import KernelLibrary
 
-with paddle_noise.importing_paddle():       # a plain `import fleetlite.bucket_views` may be Paddle's first
+with paddle_noise.importing_paddle():       # a plain `import fleetlite.compile.bucket_views` may be Paddle's first
     import paddle
     from paddle.pir.core import create_persistable_value
 

@@ -24,10 +24,10 @@ import sysconfig
 import textwrap
 import threading
 
-from fleetlite import paddle_noise
-from fleetlite.file_lock import FileLock
+from fleetlite.paddle_compat import quiet_warnings as paddle_noise
+from fleetlite.interprocess.file_lock import FileLock
 
-with paddle_noise.importing_paddle():       # a plain `import fleetlite.bucket_views` may be Paddle's first
+with paddle_noise.importing_paddle():       # a plain import of this module may be Paddle's first
     import paddle
     from paddle.utils import cpp_extension
 
@@ -128,4 +128,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 4:
         _compile_into(*sys.argv[1:])
     else:
-        sys.exit(f"usage: {sys.executable} -m fleetlite.kernel_library NAME SOURCE BUILD_FOLDER")
+        sys.exit(f"usage: {sys.executable} -m fleetlite.compile.kernel_library NAME SOURCE BUILD_FOLDER")

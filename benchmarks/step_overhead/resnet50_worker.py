@@ -1,7 +1,7 @@
 """One rank of a ResNet-50 training-step contender: paddle.vision.models.resnet50() (torch: the
 same architecture), SGD, 32x32 images, STEPS steps per sample.
 
-    python resnet50_worker.py CONTENDER BATCH_PER_RANK     (started by resnet50_step.py)
+    python -m benchmarks.step_overhead.resnet50_worker CONTENDER BATCH_PER_RANK     (started by resnet50_step.py)
 
 The images are small so a step is short, but the gradients are the full model's (161 tensors,
 97.5 MiB): the sync is what grows between one process and two.
@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 
-import step_worker
-from worker_loop import serve
+from benchmarks.step_overhead import step_worker
+from benchmarks.harness.worker_loop import serve
 
 STEPS = 2
 SIDE = 32
@@ -27,7 +27,7 @@ def data(batch):
 def fleetlite(batch):
     """fleetlite with the CPU preset; info: what the bucket kernels found in place so far."""
     import paddle
-    from fleetlite import bucket_views
+    from fleetlite.compile import bucket_views
     step, barrier = step_worker.fleetlite_static(batch, model=lambda nn: paddle.vision.models.resnet50(num_classes=CLASSES),
                                      sample_shape=(3, SIDE, SIDE), make_data=data, steps=STEPS)
     return step, barrier, lambda: bucket_views.counts() if bucket_views.load_error() is None else None

@@ -1,4 +1,4 @@
-"""Copy-free gradient buckets on CPU (strategies/copy_free_buckets.py, fleetlite/bucket_views.py).
+"""Copy-free gradient buckets on CPU (strategies/copy_free_buckets.py, fleetlite/compile/bucket_views.py).
 
 Numbers are checked by the parity and knob-pair tests (every preset and knob combination runs
 on 2 and 4 ranks against one process); here: that the steady state really is copy-free, that
@@ -13,12 +13,13 @@ from pathlib import Path
 import paddle
 import pytest
 
-from fleetlite import DistributedStrategy, Topology, bucket_views, gradient_buckets, program_edit
-from fleetlite.kernel_library import CACHE_ENV
-from multiprocess import clean_environment, run_job
-from workers.models import compiled_program
+from fleetlite import DistributedStrategy, Topology
+from fleetlite.compile import bucket_views, gradient_buckets, program_edit
+from fleetlite.compile.kernel_library import CACHE_ENV
+from support.multiprocess import clean_environment, run_job
+from support.models import compiled_program
 
-WORKER = Path(__file__).resolve().parent / "workers" / "copy_free_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "workers" / "copy_free_worker.py"
 CPU_2 = Topology.grid(2, 1, rank=0)
 CPU_4 = Topology.grid(4, 2, rank=3)
 ONE_BUCKET = {"fuse_grad_size_in_MB": 64, "fuse_grad_size_in_TFLOPS": 0, "last_comm_group_size_MB": 0}
@@ -123,18 +124,20 @@ def test_gpu_programs_keep_their_concat_split_buckets():
     assert report.record("copy_free_buckets").reason == "nccl keeps its concat/split buckets around the collective"
 
 
-WITHOUT_A_COMPILER = """
-    from fleetlite import Topology
-    from workers.models import compiled_program
-    from test_copy_free_buckets import strategy
-    _, _, built = compiled_program(strategy(), Topology.grid(2, 1, rank=0))
+WITHOUT_A_COMPILER = f"""
+    from fleetlite import DistributedStrategy, Topology
+    from support.models import compiled_program
+    strategy = DistributedStrategy()
+    for name, value in {ONE_BUCKET!r}.items():
+        setattr(strategy, name, value)
+    _, _, built = compiled_program(strategy, Topology.grid(2, 1, rank=0))
     print(built.report.record("copy_free_buckets").reason)
     print([b["path"] for b in built.report.buckets])
 """
 
 
 def test_without_a_compiler_the_report_says_so_in_one_line_and_buckets_copy(tmp_path):
-    tests = Path(__file__).resolve().parent
+    tests = Path(__file__).resolve().parents[1]
     child = subprocess.run([sys.executable, "-c", textwrap.dedent(WITHOUT_A_COMPILER)], capture_output=True,
                            text=True, timeout=120, cwd=tests,
                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tests), CACHE_ENV: str(tmp_path),
@@ -150,6 +153,6 @@ def test_without_a_compiler_the_report_says_so_in_one_line_and_buckets_copy(tmp_
 def test_importing_the_bucket_views_first_prints_nothing(tmp_path):
     """Its kernel library imports Paddle's C++ op builder, whose "No ccache found" is noise."""
     env = {name: value for name, value in clean_environment().items() if name != "PYTHONWARNINGS"}
-    result = subprocess.run([sys.executable, "-c", "import fleetlite.bucket_views"], cwd=tmp_path, env=env,
+    result = subprocess.run([sys.executable, "-c", "import fleetlite.compile.bucket_views"], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")

@@ -1,5 +1,5 @@
 // Copy-free gradient buckets on CPU: two in-place operators around a bucket's all_reduce_.
-// fleetlite/bucket_views.py builds and loads them and says why the design holds.
+// fleetlite/compile/bucket_views.py builds and loads them and says why the design holds.
 //
 // fleetlite_bucket_pack(X[], Buf) -> BufOut (in place on Buf), attribute `scale`:
 //   each member X[i] belongs at its slot of Buf (members back to back, in order). A member that
