@@ -58,9 +58,15 @@ def alias(buffer, grads):
     return list(paddle._C_ops._run_custom_op(ALIAS, buffer, list(grads)))
 
 
+def is_bucket_buffer(name):
+    """True for the name of a copy-free bucket's buffer: persistable for the run, but no
+    checkpoint or optimizer state holds it (it is rebuilt at every step)."""
+    return name.startswith(BUFFER_PREFIX)
+
+
 def is_bucket_state(value):
     """True for what the copy-free buckets keep persistable but saving must skip."""
-    return value.persistable and value.name.startswith(BUFFER_PREFIX) if value.has_name else False
+    return value.persistable and is_bucket_buffer(value.name) if value.has_name else False
 
 
 def counts():

@@ -20,7 +20,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from fleetlite.compile import program_edit
+from fleetlite.compile import bucket_views, program_edit
 from fleetlite.runtime import process_group, sharded_state
 from fleetlite.errors import CompileError, DygraphError
 from fleetlite.paddle_compat import static_execution
@@ -88,7 +88,8 @@ class TrainStep:
             executor.run(startup, scope=scope)
         learning_rate = self._optimizer.inner_opt._learning_rate_map.get(main)   # configuration, not state
         not_state = model_names | {learning_rate.name} if learning_rate is not None else model_names
-        state_names = [name for name in _initialised(startup) if name not in not_state]
+        state_names = [name for name in _initialised(startup)
+                       if name not in not_state and not bucket_views.is_bucket_buffer(name)]
         structured = {param.name: key for key, param in self._model.state_dict().items()}
         self._optimizer.compiled_state.bind(scope, optimizer_state.state_keys(state_names, structured),
                                             self._gathered_others(scope))
