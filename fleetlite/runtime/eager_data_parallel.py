@@ -21,7 +21,9 @@ EXPLAINED = ("fleetlite: this script trains by Fleet's eager loop (loss.backward
 
 FUSION = ("fuse_all_reduce_ops", "fuse_grad_size_in_MB", "last_comm_group_size_MB", "find_unused_parameters")
 
-_synchronised = {}    # id of each parameter a DataParallel of distributed_model reduces: its FUSION values
+# Each parameter a DataParallel of distributed_model reduces carries its FUSION values under this
+# attribute: a mark that lives and dies with the parameter (an id() could be reused by another).
+SYNCHRONISED_WITH = "_fleetlite_synchronised_with"
 
 
 def wrap(model, strategy, topology):
@@ -33,7 +35,8 @@ def wrap(model, strategy, topology):
                                   last_comm_buffer_size=strategy.last_comm_group_size_MB,
                                   find_unused_parameters=strategy.find_unused_parameters)
     fusion = tuple(getattr(strategy, field) for field in FUSION)
-    _synchronised.update((id(param), fusion) for param in model.parameters())
+    for param in model.parameters():
+        setattr(param, SYNCHRONISED_WITH, fusion)
     return wrapped
 
 
@@ -46,7 +49,7 @@ def check_step(optimizer, strategy, topology, wrapped_only=True):
                            f"(loss.backward(); opt.step()) does not run: {TRAIN_STEP}")
     if topology.world_size > 1 and wrapped_only:
         unsynchronised = [param.name for param in optimizer._parameter_list or ()
-                          if not isinstance(param, dict) and id(param) not in _synchronised]
+                          if not isinstance(param, dict) and not hasattr(param, SYNCHRONISED_WITH)]
         if not unsynchronised:
             _check_fusion(optimizer, strategy)
         else:
@@ -56,7 +59,7 @@ def check_step(optimizer, strategy, topology, wrapped_only=True):
 
 
 def _check_fusion(optimizer, strategy):
-    wrapped_with = _synchronised[id(optimizer._parameter_list[0])]
+    wrapped_with = getattr(optimizer._parameter_list[0], SYNCHRONISED_WITH)
     for field, used in zip(FUSION, wrapped_with):
         if getattr(strategy, field) != used:
             raise DygraphError(f"fleet.distributed_model built paddle.DataParallel with {field}={used} (fleet.init's "
