@@ -48,19 +48,24 @@ class _GlobalBatchNorm(PyLayer):
         summed = _sum_over_ranks(global_batch_norm.local_sums(x, layout), "SyncBatchNorm forward")
         stats = global_batch_norm.statistics(summed, layout, epsilon)
         normalised = global_batch_norm.normalise(x, stats, layout)
-        ctx.layout, ctx.stats, ctx.frozen = layout, stats, (scale.stop_gradient, bias.stop_gradient)
+        ctx.layout, ctx.stats = layout, stats
+        ctx.differentiable = [not value.stop_gradient for value in (x, scale, bias)]
         ctx.save_for_backward(normalised, scale)
         ctx.mark_non_differentiable(stats.mean, stats.variance)
         return global_batch_norm.affine(normalised, scale, bias, layout), stats.mean, stats.variance
 
     @staticmethod
     def backward(ctx, out_grad, *_):
+        """(dx, dscale, dbias), None for an input that takes no gradient (Paddle requires it).
+        Whether x takes one is the same on every rank, so they all skip the all-reduce alike."""
         normalised, scale = ctx.saved_tensor()
         bias_grad, scale_grad = global_batch_norm.local_gradient_sums(out_grad, normalised, ctx.layout)
-        summed = _sum_over_ranks(paddle.concat([bias_grad, scale_grad]), "SyncBatchNorm backward")
-        x_grad = global_batch_norm.input_gradient(out_grad, normalised, summed, scale, ctx.stats, ctx.layout)
-        scale_frozen, bias_frozen = ctx.frozen
-        return x_grad, None if scale_frozen else scale_grad, None if bias_frozen else bias_grad
+        x_grad = None
+        if ctx.differentiable[0]:
+            summed = _sum_over_ranks(paddle.concat([bias_grad, scale_grad]), "SyncBatchNorm backward")
+            x_grad = global_batch_norm.input_gradient(out_grad, normalised, summed, scale, ctx.stats, ctx.layout)
+        return tuple(grad if wanted else None
+                     for grad, wanted in zip((x_grad, scale_grad, bias_grad), ctx.differentiable))
 
 
 class ProcessGroupSyncBatchNorm(paddle.nn.SyncBatchNorm):

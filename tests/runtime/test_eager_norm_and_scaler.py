@@ -85,18 +85,27 @@ def one_rank(monkeypatch):
     fleet.init(is_collective=True)
 
 
-def test_on_one_rank_sync_batch_norm_trains_like_batch_norm_and_keeps_its_parameters(one_rank):
+def normalised_input_net():
+    """Batch norm on the input itself (no gradient) and one without scale and bias."""
+    return paddle.nn.Sequential(paddle.nn.BatchNorm1D(64), paddle.nn.Linear(64, 16),
+                                paddle.nn.BatchNorm1D(16, weight_attr=False, bias_attr=False), paddle.nn.ReLU(),
+                                paddle.nn.Linear(16, 10))
+
+
+@pytest.mark.parametrize("make_model", [models.ConvBn, normalised_input_net])
+def test_on_one_rank_sync_batch_norm_trains_like_batch_norm_and_keeps_its_parameters(one_rank, make_model):
     x, y = models.digits(16)
     trained = []
     for convert in (False, True):
         with paddle.utils.unique_name.guard():
             paddle.seed(5)
-            model = models.ConvBn()
+            model = make_model()
             if convert:
                 converted = paddle.nn.SyncBatchNorm.convert_sync_batchnorm(model)
                 parameters = [id(p) for p in converted.parameters()]
                 model = fleet.distributed_model(converted)
-                assert type(model.norm) is ProcessGroupSyncBatchNorm
+                assert {type(layer) for layer in model.sublayers() if "Norm" in type(layer).__name__} == {
+                    ProcessGroupSyncBatchNorm}
                 assert [id(p) for p in model.parameters()] == parameters
             worker.train(model, worker.momentum(model), x, y, 2)
             trained.append(worker.state(model))
