@@ -18,7 +18,9 @@ import pytest
 import fleetlite as fleet
 from fleetlite import api
 from fleetlite.errors import FleetliteError
+from fleetlite.runtime import eager_sync_batch_norm
 from fleetlite.runtime.eager_sync_batch_norm import ProcessGroupSyncBatchNorm
+from fleetlite.topology.topology import Topology
 from support import models
 from support.accelerator_scaler import grad_scaler_as_on_a_gpu
 from support.eager_parity import assert_ranks_train_like_the_reference
@@ -110,6 +112,12 @@ def test_on_one_rank_sync_batch_norm_trains_like_batch_norm_and_keeps_its_parame
             worker.train(model, worker.momentum(model), x, y, 2)
             trained.append(worker.state(model))
     assert worker.gap(trained[1], trained[0]) <= TOLERANCE
+
+
+def test_on_a_gpu_paddles_own_sync_batch_norm_stays():
+    with paddle.utils.unique_name.guard():
+        model = paddle.nn.SyncBatchNorm.convert_sync_batchnorm(models.ConvBn())
+    assert type(eager_sync_batch_norm.swap(model, Topology.grid(2, device="gpu")).norm) is paddle.nn.SyncBatchNorm
 
 
 def test_distributed_scaler_takes_a_grad_scaler_only(one_rank):
