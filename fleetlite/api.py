@@ -19,7 +19,8 @@ import paddle
 from fleetlite.compile import bucket_views
 from fleetlite.base.role_maker import PaddleCloudRoleMaker, RoleMakerBase
 from fleetlite.errors import FleetliteError, ForeignLauncherError, StrategyConflictError
-from fleetlite.runtime import checkpoint, eager_data_parallel, process_group, sharded_state
+from fleetlite.runtime import (checkpoint, distributed_scaler as scaler_vote, eager_data_parallel,
+                               eager_sync_batch_norm, process_group, sharded_state)
 from fleetlite.runtime.collective_waits import waiting_in
 from fleetlite.runtime.distributed_optimizer import DistributedOptimizer, explain_only
 from fleetlite.runtime.job_values import JobValues
@@ -241,7 +242,16 @@ def distributed_model(model):
     topology = _topology()
     if explain_only():
         return model
+    model = eager_sync_batch_norm.swap(model, topology)     # SyncBatchNorm over the process group on CPU
     return eager_data_parallel.wrap(model, _job[1] or DistributedStrategy(), topology)
+
+
+def distributed_scaler(scaler):
+    """Fleet's `distributed_scaler` for dygraph AMP: `scaler` (a paddle.amp.GradScaler) with its
+    found-inf flag agreed over every rank, so all ranks skip the same steps (see
+    runtime.distributed_scaler and docs/dygraph.md)."""
+    world_size = _topology().world_size
+    return scaler_vote.agreeing_across_ranks(scaler, 1 if explain_only() else world_size)
 
 
 def train_step(model, loss_fn, optimizer):

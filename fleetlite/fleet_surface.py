@@ -33,8 +33,6 @@ UNSUPPORTED = {
     "load_inference_model": ("Fleet's loads a model into parameter-server tables; in a collective job "
                              "every rank reads the directory fleet.save_inference_model wrote with "
                              "paddle.static.load_inference_model(os.path.join(dirname, 'model'), exe)"),
-    "distributed_scaler": ("it wraps a dynamic-graph GradScaler; in fleetlite, AMP loss scaling is "
-                           "the strategy's amp knob (strategy.amp = True)"),
     "collective_perf": "Paddle's collective micro-benchmark; fleetlite's is benchmarks/gradsync/gradsync.py",
     "local_device_ids": ("it reads the legacy launcher's PADDLE_LOCAL_DEVICE_IDS; use fleet.local_rank() "
                          "and FLAGS_selected_gpus, which fleetrun sets per worker"),

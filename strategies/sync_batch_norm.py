@@ -3,27 +3,16 @@
 With small per-rank batches, per-shard statistics are noisy and the model trains differently
 from one process on the whole batch. This pass rewrites every training-mode `batch_norm_` and
 its `batch_norm_grad` (it runs after backward, so both exist) into plain ops around two
-all-reduces on ring 0, one per direction:
-
-- forward: per channel, the local sum, sum of squares and element count are packed and summed
-  over ranks in one all-reduce; mean = S1/n, var = S2/n - mean^2 (biased, as batch_norm), the
-  output is normalised with them, and the running mean and variance are updated in place with
-  the op's momentum, from the global statistics (identical on every rank);
-- backward: with x^ = (x - mean) / std and the output gradient dy, the input gradient needs
-  the global sums of dy and dy * x^ (one more all-reduce):
-      dx = scale / std * (dy - sum(dy) / n - x^ * sum(dy * x^) / n)
-  while the scale and bias gradients stay this rank's sums of dy * x^ and dy, which
-  data_parallel then averages like any gradient.
-The counts travel with the sums, so ranks may hold batches of different sizes. The cost is two
-small collectives per batch-norm layer per step (about 1 ms each on gloo); NCCL runs the same
-program on GPUs.
+all-reduces on ring 0, one per direction, with the arithmetic of `compile/global_batch_norm`
+(the global batch's sums, statistics and input gradient); the running mean and variance are
+updated in place with the op's momentum, from the global statistics (identical on every rank).
+The scale and bias gradients stay this rank's sums, which data_parallel then averages like any
+gradient. The cost is two small collectives per batch-norm layer per step (about 1 ms each on
+gloo); NCCL runs the same program on GPUs.
 """
-from dataclasses import dataclass
-from typing import Any
-
 import paddle
 
-from fleetlite.compile import gradient_buckets, program_edit
+from fleetlite.compile import global_batch_norm, gradient_buckets, program_edit
 from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 
 FORWARD, BACKWARD = "pd_op.batch_norm_", "pd_op.batch_norm_grad"
@@ -52,9 +41,9 @@ class SyncBatchNorm(Pass):
         for forward in layers:
             gradient = next((op for op in context.block.ops if op.name() == BACKWARD
                              and _input(op, "saved_mean").is_same(forward.result(3))), None)
-            stats = self._forward(context, forward)
+            statistics = self._forward(context, forward)
             if gradient is not None:
-                self._backward(context, gradient, stats)
+                self._backward(context, gradient, statistics)
             program_edit.remove_ops(context.block, [forward])
         return PassResult(f"{len(layers)} batch norms use global statistics (2 all-reduces each on ring 0)",
                           {"layers": len(layers)})
@@ -63,64 +52,33 @@ class SyncBatchNorm(Pass):
     def _forward(context, op):
         x, running_mean, running_var, scale, bias = op.operands_source()
         attrs = op.attrs()
-        layout = _Layout(x, attrs["data_format"])
+        layout = global_batch_norm.ChannelLayout(x.shape, attrs["data_format"])
         with context.edit(before=op):
-            count = paddle.reshape(paddle.cast(paddle.numel(x) // layout.channels, "float32"), [1])
-            local = paddle.concat([paddle.sum(x, layout.axes), paddle.sum(x * x, layout.axes), count])
-            total, squares, n = paddle.split(paddle._C_ops.all_reduce_(local, 0, gradient_buckets.SUM),
-                                             [layout.channels, layout.channels, 1])
-            mean = total / n
-            variance = squares / n - mean * mean
-            inverse_std = paddle.rsqrt(variance + attrs["epsilon"])
-            normalised = (x - layout.per_channel(mean)) * layout.per_channel(inverse_std)
-            out = normalised * layout.per_channel(scale) + layout.per_channel(bias)
-            momentum = attrs["momentum"]
-            new_mean = paddle.assign(running_mean * momentum + mean * (1 - momentum), output=running_mean)
-            new_var = paddle.assign(running_var * momentum + variance * (1 - momentum), output=running_var)
+            summed = paddle._C_ops.all_reduce_(global_batch_norm.local_sums(x, layout), 0, gradient_buckets.SUM)
+            stats = global_batch_norm.statistics(summed, layout, attrs["epsilon"])
+            normalised = global_batch_norm.normalise(x, stats, layout)
+            out = global_batch_norm.affine(normalised, scale, bias, layout)
+            new_mean, new_var = (paddle.assign(global_batch_norm.moving_average(running, batch, attrs["momentum"]),
+                                               output=running)
+                                 for running, batch in ((running_mean, stats.mean), (running_var, stats.variance)))
         for old, new in zip(op.results()[:3], (out, new_mean, new_var)):
             _rewire(old, new, keep=BACKWARD)
-        return _Statistics(layout, n, inverse_std, normalised, scale)
+        return layout, stats, normalised, scale
 
     @staticmethod
-    def _backward(context, op, stats):
-        layout, out_grad = stats.layout, _input(op, "out_grad")
+    def _backward(context, op, forward):
+        layout, stats, normalised, scale = forward
+        out_grad = _input(op, "out_grad")
         with context.edit(before=op):
-            bias_grad = paddle.sum(out_grad, layout.axes)
-            scale_grad = paddle.sum(out_grad * stats.normalised, layout.axes)
+            bias_grad, scale_grad = global_batch_norm.local_gradient_sums(out_grad, normalised, layout)
             summed = paddle._C_ops.all_reduce_(paddle.concat([bias_grad, scale_grad]), 0, gradient_buckets.SUM)
-            mean_grad, mean_projection = paddle.split(summed / stats.n, 2)
-            x_grad = layout.per_channel(stats.scale * stats.inverse_std) * (
-                out_grad - layout.per_channel(mean_grad) - stats.normalised * layout.per_channel(mean_projection))
+            x_grad = global_batch_norm.input_gradient(out_grad, normalised, summed, scale, stats, layout)
         for old, new in zip(op.results(), (x_grad, scale_grad, bias_grad)):
             for grad in context.gradients:
                 if grad.grad.is_same(old):
                     grad.grad = grad.synced = new
             _rewire(old, new)
         program_edit.remove_ops(context.block, [op])
-
-
-class _Layout:
-    """Where the channels are in a batch-norm input, and how to broadcast per-channel values."""
-
-    def __init__(self, x, data_format):
-        rank = len(x.shape)
-        self.channel = 1 if data_format.startswith("NC") else rank - 1
-        self.channels = x.shape[self.channel]
-        self.axes = [axis for axis in range(rank) if axis != self.channel]
-        self.broadcast = [self.channels if axis == self.channel else 1 for axis in range(rank)]
-
-    def per_channel(self, value):
-        return paddle.reshape(value, self.broadcast)
-
-
-@dataclass
-class _Statistics:
-    """What the backward rewrite reuses from the forward one (pir.Values, per channel or like x)."""
-    layout: _Layout
-    n: Any                  # global element count per channel, [1]
-    inverse_std: Any
-    normalised: Any         # x^
-    scale: Any
 
 
 def _input(op, name):

@@ -16,6 +16,8 @@ LAST_NEEDED = {
     "eager parameter list": (3, 3),    # static_execution.eager_parameters_hidden
     "SIGTERM crash report": (3, 3),    # termination.quiet_sigterm
     "ExecutionStrategy removed": (3, 3),   # removed_names.fix_for
+    "no CPU sync_batch_norm kernel": (3, 3),   # runtime.eager_sync_batch_norm.swap
+    "GradScaler float() of its scale": (3, 3),   # scale_update.lowers_without_crashing
 }
 
 

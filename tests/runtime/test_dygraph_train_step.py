@@ -24,6 +24,7 @@ from fleetlite import api
 from fleetlite.topology.env_contract import EXPLAIN_ONLY
 from fleetlite.errors import DygraphError, ScriptDone
 from fleetlite.runtime import eager_data_parallel
+from support.eager_parity import assert_ranks_train_like_the_reference
 from support.multiprocess import clean_environment
 from support import models
 from workers import dygraph_worker
@@ -50,13 +51,7 @@ def jobs(tmp_path_factory):
 @pytest.mark.parametrize("case", dygraph_worker.CASES)
 @pytest.mark.parametrize("world", WORLDS)
 def test_train_step_trains_like_eager_paddle_on_the_full_batch(jobs, world, case):
-    ranks = [result[case] for result in jobs[world]]
-    mean_loss = np.mean([rank["losses"] for rank in ranks], axis=0)
-    np.testing.assert_allclose(mean_loss, ranks[0]["reference_losses"], rtol=0, atol=TOLERANCE)
-    for rank, result in enumerate(ranks):
-        assert result["param_diff"] <= TOLERANCE, f"rank {rank}: eager state {result['param_diff']} off"
-        assert result["eval_diff"] <= TOLERANCE, f"rank {rank}: eager eval output {result['eval_diff']} off"
-    assert len({rank["digest"] for rank in ranks}) == 1, "the ranks' eager models differ"
+    assert_ranks_train_like_the_reference([result[case] for result in jobs[world]], TOLERANCE)
 
 
 def test_the_batch_norm_statistics_are_part_of_the_compared_state(jobs):
