@@ -42,12 +42,13 @@ EMPTY, RESERVED, READY = 0, 1, 2
 ALIGN = 64                                   # each sample starts on a cache line
 ARRAY_HEAD = struct.Struct("<8sQ")          # dtype string, number of dimensions
 TABLE_START = ALIGN
+SHARED_MEMORY = "/dev/shm"                   # a tmpfs every user may write (mode 1777)
 MAPPED_KINDS = "biufcmMSU"                   # numbers, times, bytes, text: no objects, no structures
 
 
 def default_folder():
     """This user's private folder on /dev/shm (made 0700, or checked), or None without /dev/shm."""
-    return user_temp_folder(DataError, shared="/dev/shm") if os.path.isdir("/dev/shm") else None
+    return user_temp_folder(DataError, shared=SHARED_MEMORY) if os.path.isdir(SHARED_MEMORY) else None
 
 
 def mapped_dtype(text):
