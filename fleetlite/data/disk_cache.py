@@ -23,10 +23,11 @@ from fleetlite.data.sources import checked_name
 from fleetlite.errors import DataError
 from fleetlite.interprocess.file_lock import FileLock
 from fleetlite.interprocess.private_paths import open_private_file, trusted_folder
+from fleetlite.proto import strategy_pb2
 from fleetlite.interprocess.process_liveness import process_exists
 
 ENTRIES, LOCKS, PARTIAL = "entries", "locks", "partial"
-DEFAULT_CACHE_DIR = "~/.cache/fleetlite/samples"     # per user; data_configs.cache_dir's default
+DEFAULT_CACHE_DIR = strategy_pb2.DataConfig().cache_dir     # per user: ~/.cache/fleetlite/samples
 
 
 @contextlib.contextmanager
@@ -97,7 +98,8 @@ class DiskCache:
                                    f"{os.getpid()}-{threading.get_ident()}-{next(self._counter)}")
             with cache_dir_errors(self.folder):
                 os.makedirs(os.path.dirname(entry), exist_ok=True)
-                with os.fdopen(open_private_file(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, DataError), "wb") as out:
+                fresh = open_private_file(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, DataError)
+                with os.fdopen(fresh, "wb") as out:
                     out.write(data)
                 os.replace(partial, entry)
         return entry, False

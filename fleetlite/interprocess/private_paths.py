@@ -36,7 +36,9 @@ def _folder_problem(info, me, leaf):
     if leaf:
         if info.st_uid != me:
             return f"belongs to {_owner(info.st_uid)}, not to you"
-        return others_write and f"is writable by others (mode {stat.S_IMODE(info.st_mode):04o})" or None
+        if others_write:
+            return f"is writable by others (mode {stat.S_IMODE(info.st_mode):04o})"
+        return None
     if info.st_uid not in (0, me):
         return f"belongs to {_owner(info.st_uid)}"
     if others_write and not info.st_mode & stat.S_ISVTX:
@@ -101,7 +103,7 @@ def open_private_file(path, flags, error=UnsafePathError):
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as failure:
-        if failure.errno == 40:     # ELOOP: O_NOFOLLOW met a symlink
+        if failure.errno == errno.ELOOP:     # O_NOFOLLOW met a symlink
             raise error(f"{path} is a symlink: another user may control it; remove it") from None
         raise
     info = os.fstat(fd)
