@@ -5,6 +5,7 @@ the workers their restart count (FLEETLITE_RESTART_COUNT); the script resumes fr
 checkpoint. Under --ssh the other hosts' fleetruns are started once: each restarts its own
 group with the same budget, and a host whose fleetrun gives up fails the job.
 """
+import secrets
 import sys
 import time
 
@@ -15,6 +16,7 @@ from fleetlite.launcher.preflight import GLOO_INTERFACE_ENV
 from fleetlite.launcher.spec import follower_argv
 from fleetlite.launcher.supervisor import GRACE_S, stop_processes, watch
 from fleetlite.launcher.transport import worker_command
+from fleetlite.topology.env_contract import NODE_SECRET
 
 
 def _format_table(header, rows):
@@ -29,7 +31,8 @@ def _tee_prefix(slot):
 
 class Job:
     def __init__(self, spec, preflight, environ, local, stop, remote=None, grace=GRACE_S, err=None):
-        self.spec, self.preflight, self.environ = spec, preflight, environ
+        self.spec, self.preflight = spec, preflight
+        self.environ = {**environ, NODE_SECRET: secrets.token_hex(16)}     # kept by every restart
         self.local, self.remote, self.stop, self.grace = local, remote, stop, grace
         self.err = err or sys.stderr
         self.slots = self._plan(0)  # a bad plan fails here, before anything starts

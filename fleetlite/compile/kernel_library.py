@@ -11,6 +11,12 @@ private folder, and renames the library into place (atomic); the others wait for
 load that library. Where it cannot be built (no C++ compiler, a compile error, the deadline),
 `load_error()` says why, once as a one-line warning, and the caller runs its Paddle-op
 composition instead.
+
+Loading a library runs its code, so the cache folder must be this user's alone: it (and every
+folder above it) is checked as fleetlite.interprocess.private_paths says, and a library is
+loaded only if it is a regular file of this user that nobody else can write. A cache folder
+another user controls (a shared $FLEETLITE_KERNEL_CACHE) is refused the same way as a failed
+build: one warning naming the path, and the Paddle-op composition runs.
 """
 import functools
 import hashlib
@@ -26,6 +32,7 @@ import threading
 
 from fleetlite.paddle_compat import quiet_warnings as paddle_noise
 from fleetlite.interprocess.file_lock import FileLock
+from fleetlite.interprocess.private_paths import open_private_file, trusted_folder
 
 with paddle_noise.importing_paddle():       # a plain import of this module may be Paddle's first
     import paddle
@@ -70,10 +77,12 @@ class KernelLibrary:
 
     def _built_library(self):
         library = self.library_path()
-        if not os.path.exists(library):
+        trusted_folder(os.path.dirname(library), KernelUnavailable)
+        if not os.path.lexists(library):
             with FileLock(library + ".lock", BUILD_TIMEOUT + 60, f"build {self.title}", KernelUnavailable):
-                if not os.path.exists(library):     # a neighbour built it while we waited
+                if not os.path.lexists(library):     # a neighbour built it while we waited
                     self._build(library)
+        os.close(open_private_file(library, os.O_RDONLY, KernelUnavailable))    # ours, and only ours to change
         return library
 
     def _digest(self):

@@ -16,10 +16,12 @@ from collections import Counter
 import numpy as np
 
 from fleetlite.data import running_job as job
-from fleetlite.data.disk_cache import DiskCache, cache_dir_errors, make_cache_dir
+from fleetlite.data.disk_cache import (DEFAULT_CACHE_DIR, DiskCache, cache_dir_errors, cache_folder_path,
+                                      make_cache_dir)
 from fleetlite.data.settings import LEVELS, unknown_or_repeated_levels
 from fleetlite.data.shared_store import SharedSampleStore, default_folder
 from fleetlite.errors import DataError
+from fleetlite.interprocess.private_paths import trusted_folder
 
 
 def check_levels(levels):
@@ -45,12 +47,13 @@ class CachedSamples:
     - cache_dir: the disk level's folder; memory_bytes: the memory level's bound for the node;
     - decode(bytes) -> array or tuple of arrays (deterministic: this is what memory keeps);
     - augment(arrays, rng) -> array or tuple (random, after the cache), or None;
-    - store_folder: where the node's shared memory file lives (default /dev/shm).
+    - store_folder: where the node's shared memory file lives (default this user's private
+      folder on /dev/shm, /dev/shm/fleetlite-<uid>; any folder given is checked the same way).
     Ranks of a node that build it with the same arguments share one memory store.
     """
 
     def __init__(self, source, names, labels=None, decode=None, augment=None, *, levels=LEVELS,
-                 cache_dir="/tmp/fleetlite_cache", memory_bytes=1 << 30, seed=None, store_folder=None):
+                 cache_dir=DEFAULT_CACHE_DIR, memory_bytes=1 << 30, seed=None, store_folder=None):
         self.source, self.names = source, [os.fspath(n) for n in names]
         if not self.names:
             raise DataError(f"no sample files listed for {source!r}")
@@ -65,8 +68,8 @@ class CachedSamples:
         self.disk = DiskCache(cache_dir, source) if "disk" in self.levels else None
         self.memory = None
         if "memory" in self.levels:
-            folder = store_folder or default_folder()
-            with contextlib.nullcontext() if folder else cache_dir_errors(os.path.abspath(cache_dir)):
+            folder = trusted_folder(store_folder, DataError) if store_folder else default_folder()
+            with contextlib.nullcontext() if folder else cache_dir_errors(cache_folder_path(cache_dir)):
                 folder = folder or make_cache_dir(cache_dir)     # no /dev/shm: the store lives in cache_dir
                 self.memory = SharedSampleStore(os.path.join(folder, self.store_name(cache_dir, memory_bytes)),
                                                 len(self.names), memory_bytes)
@@ -75,13 +78,15 @@ class CachedSamples:
     def store_name(self, cache_dir, memory_bytes):
         """Equal on every rank of a node that reads the same files into the same cache, so they
         share one store (the node rank is part of it, for nodes simulated on one host); a job
-        restarted on the node finds the store its killed run filled."""
-        identity = hashlib.sha1()
-        for part in (os.path.abspath(cache_dir), getattr(self.source, "root", repr(self.source)), describe(self.decode),
-                     str(memory_bytes),
+        restarted by its fleetrun finds the store its killed run filled. The node's secret from
+        fleetrun is part of it, so no other job can compute the name (the folder keeps other
+        users out already)."""
+        identity = hashlib.sha256()
+        for part in (job.node_secret(), cache_folder_path(cache_dir),
+                     getattr(self.source, "root", repr(self.source)), describe(self.decode), str(memory_bytes),
                      str(job.topology().node_rank), *self.names):
             identity.update(part.encode() + b"\0")
-        return f"fleetlite-cache-{identity.hexdigest()[:20]}"
+        return f"cache-{identity.hexdigest()[:32]}"
 
     def __len__(self):
         return len(self.names)

@@ -6,6 +6,12 @@ file and renamed into place, so a killed process never leaves a torn entry (the 
 atomic on POSIX file systems; a power loss is not covered: there is no fsync). Ranks of one
 node copy each file once between them: a per-file lock makes the second rank wait for the
 first and then read its copy. Temporary files of dead processes are removed when a cache opens.
+
+The cache is trusted: its folder must belong to this user and be writable by nobody else (the
+default, `~/.cache/fleetlite/samples`, is made 0700), checked with every folder above it before
+anything is read or written (fleetlite.interprocess.private_paths), so another user can neither
+serve planted entries as hits, nor link an entry to a file of ours, nor receive our copies.
+Copies are written 0600 without following symlinks.
 """
 import contextlib
 import hashlib
@@ -16,9 +22,12 @@ import threading
 from fleetlite.data.sources import checked_name
 from fleetlite.errors import DataError
 from fleetlite.interprocess.file_lock import FileLock
+from fleetlite.interprocess.private_paths import open_private_file, trusted_folder
+from fleetlite.proto import strategy_pb2
 from fleetlite.interprocess.process_liveness import process_exists
 
 ENTRIES, LOCKS, PARTIAL = "entries", "locks", "partial"
+DEFAULT_CACHE_DIR = strategy_pb2.DataConfig().cache_dir     # per user: ~/.cache/fleetlite/samples
 
 
 @contextlib.contextmanager
@@ -36,12 +45,22 @@ def cache_dir_errors(folder):
                         f"local folder this process can create and write") from None
 
 
+def cache_folder_path(folder):
+    """`folder` as the cache uses it: `~` expanded, absolute."""
+    return os.path.abspath(os.path.expanduser(os.fspath(folder)))
+
+
 def make_cache_dir(folder, *parts):
-    """`folder` (absolute) with its sub-folders `parts` created, or the DataError of cache_dir_errors."""
-    folder = os.path.abspath(os.fspath(folder))
+    """`folder` (absolute) with its sub-folders `parts`, created 0700 or checked to be this user's
+    alone; else the DataError of cache_dir_errors, or one naming the folder another user controls."""
+    folder = cache_folder_path(folder)
+
+    def unsafe(why):
+        return DataError(f"data_configs.cache_dir {folder} cannot be used: {why}")
+
     with cache_dir_errors(folder):
         for path in (folder, *(os.path.join(folder, part) for part in parts)):
-            os.makedirs(path, exist_ok=True)
+            trusted_folder(path, unsafe)
     return folder
 
 
@@ -60,8 +79,9 @@ class DiskCache:
     def read(self, name):
         """The bytes of `name` and whether they came from the cache (False: copied from the source)."""
         entry, hit = self.local_path(name)
-        with open(entry, "rb") as handle:
-            return handle.read(), hit
+        with cache_dir_errors(self.folder):
+            with os.fdopen(open_private_file(entry, os.O_RDONLY, DataError), "rb") as handle:
+                return handle.read(), hit
 
     def local_path(self, name):
         """(path of the local copy, hit): the copy is made first when missing."""
@@ -78,7 +98,8 @@ class DiskCache:
                                    f"{os.getpid()}-{threading.get_ident()}-{next(self._counter)}")
             with cache_dir_errors(self.folder):
                 os.makedirs(os.path.dirname(entry), exist_ok=True)
-                with open(partial, "wb") as out:
+                fresh = open_private_file(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, DataError)
+                with os.fdopen(fresh, "wb") as out:
                     out.write(data)
                 os.replace(partial, entry)
         return entry, False

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from fleetlite.topology.env_contract import read_topology
+from fleetlite.topology.env_contract import NODE_SECRET, read_topology
 from fleetlite.proto import strategy_pb2
 
 
@@ -24,6 +24,12 @@ def _fleet_job():
 def topology():
     job = _fleet_job()
     return job[0] if job else read_topology(os.environ)
+
+
+def node_secret():
+    """The secret fleetrun gave the ranks of this node for this job ("" when fleetrun did not
+    start this process)."""
+    return os.environ.get(NODE_SECRET, "")
 
 
 def replicas_and_rank(num_replicas, rank):

@@ -64,7 +64,7 @@ def _dali_gpu_error_policy(config, topology):
 RULES = (
     Rule("data_configs.cache_levels", _levels, "list each of 'disk', 'memory' at most once"),
     Rule("data_configs.cache_dir", _empty_cache_dir,
-         "set cache_dir to a local folder, e.g. /tmp/fleetlite_cache, or drop 'disk'"),
+         "set cache_dir to a local folder, e.g. ~/.cache/fleetlite/samples, or drop 'disk'"),
     Rule("data_configs.memory_cache_MB", _memory_without_room,
          "set memory_cache_MB >= 1, or drop 'memory' from cache_levels"),
     Rule("data_configs.sampler", _dali_sampler,

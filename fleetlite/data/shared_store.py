@@ -14,6 +14,13 @@ leaves a reserved entry that the next writer of that sample reclaims, under the 
 the pid no longer exists (reusing the reserved space when the sample fits in it). The ranks of
 a node must therefore share a pid namespace, as fleetrun's children do; a dead writer whose
 pid was reused by a live process keeps its slot until that process exits.
+
+The file lives in this user's private folder (`/dev/shm/fleetlite-<uid>`, 0700) and is opened
+without following symlinks, only if this user owns it and nobody else can write it. What it
+holds is still checked before it is used: the header against the store's settings, each entry's
+bounds against the arena, each array's head against the entry, and only dtypes without objects
+or structure are mapped (an object array would hand numpy pointers read from the file). A file that fails is
+refused with a DataError naming its path, never read past its end or mapped as objects.
 """
 import fcntl
 import mmap
@@ -25,6 +32,7 @@ import time
 import numpy as np
 
 from fleetlite.errors import DataError
+from fleetlite.interprocess.private_paths import open_private_file, user_temp_folder
 from fleetlite.interprocess.process_liveness import process_exists
 
 MAGIC = b"FLSTORE2"
@@ -34,10 +42,22 @@ EMPTY, RESERVED, READY = 0, 1, 2
 ALIGN = 64                                   # each sample starts on a cache line
 ARRAY_HEAD = struct.Struct("<8sQ")          # dtype string, number of dimensions
 TABLE_START = ALIGN
+SHARED_MEMORY = "/dev/shm"                   # a tmpfs every user may write (mode 1777)
+MAPPED_KINDS = "biufcmMSU"                   # numbers, times, bytes, text: no objects, no structures
 
 
 def default_folder():
-    return "/dev/shm" if os.path.isdir("/dev/shm") else None
+    """This user's private folder on /dev/shm (made 0700, or checked), or None without /dev/shm."""
+    return user_temp_folder(DataError, shared=SHARED_MEMORY) if os.path.isdir(SHARED_MEMORY) else None
+
+
+def mapped_dtype(text):
+    """The numpy dtype a stored array head names, if it is one this store maps; else None."""
+    try:
+        dtype = np.dtype(text)
+    except (TypeError, ValueError, SyntaxError):
+        return None
+    return dtype if dtype.kind in MAPPED_KINDS and not dtype.hasobject else None
 
 
 def _round_up(n, to):
@@ -58,10 +78,10 @@ class SharedSampleStore:
         self.arena_start = _round_up(TABLE_START + self.entries * ENTRY.itemsize, ALIGN)
         size = self.arena_start + self.capacity
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = open_private_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, DataError)
             created = True
         except FileExistsError:
-            fd = os.open(path, os.O_RDWR)
+            fd = open_private_file(path, os.O_RDWR, DataError)
             created = False
         self._fd = fd
         if created:
@@ -70,6 +90,8 @@ class SharedSampleStore:
             os.pwrite(fd, MAGIC, 0)          # last: the store is complete once it carries its magic
         else:
             self._wait_for_creator(timeout)
+            if os.fstat(fd).st_size < size:
+                self._refuse(f"is {os.fstat(fd).st_size} bytes, shorter than its header's {size}")
         self._map = mmap.mmap(fd, size)
         self.table = np.ndarray(self.entries, ENTRY, buffer=self._map, offset=TABLE_START)
         self._thread_lock = threading.Lock()
@@ -87,11 +109,17 @@ class SharedSampleStore:
                 raise DataError(f"the shared sample store {self.path} was never completed by the process "
                                 f"that created it ({timeout:.0f} s); remove the file and restart")
             time.sleep(0.01)
-        _, entries, capacity, _ = HEADER.unpack(head)
+        _, entries, capacity, used = HEADER.unpack(head)
+        if used > capacity:
+            self._refuse(f"says {used} bytes of its {capacity}-byte arena are used")
         if (entries, capacity) != (self.entries, self.capacity):
             raise DataError(f"the shared sample store {self.path} holds {entries} entries in {capacity} bytes, "
                             f"not {self.entries} in {self.capacity}: another job or setting uses the same name; "
                             f"remove the file or change cache_dir / memory_cache_MB")
+
+    def _refuse(self, what):
+        os.close(self._fd)
+        raise DataError(f"the shared sample store {self.path} {what}: it is damaged or not fleetlite's; remove it")
 
     @property
     def used(self):
@@ -101,27 +129,49 @@ class SharedSampleStore:
         return int(self.table["state"][index]) == READY
 
     def get(self, index):
-        """The arrays of sample `index` (read-only views into shared memory), or None."""
-        entry = self.table[index]
-        if int(entry["state"]) != READY:
+        """The arrays of sample `index` (read-only views into shared memory), or None; DataError
+        naming the file when the entry does not hold what this store writes."""
+        state, offset, nbytes, _ = (int(field) for field in self.table[index])
+        if state != READY:
             return None
-        view = memoryview(self._map)[self.arena_start + int(entry["offset"]):]
+        if nbytes < 16 or offset + nbytes > self.capacity:
+            self._damaged(index, f"its bytes [{offset}, {offset + nbytes}) are not inside the "
+                                 f"{self.capacity}-byte arena")
+        view = memoryview(self._map)[self.arena_start + offset:self.arena_start + offset + nbytes]
         (count,) = struct.unpack_from("<Q", view, 0)
         position, arrays = 16, []
         for _ in range(count):
-            dtype, ndim = ARRAY_HEAD.unpack_from(view, position)
+            if position + ARRAY_HEAD.size > nbytes:
+                self._damaged(index, f"it lists {count} arrays that do not fit in its {nbytes} bytes")
+            name, ndim = ARRAY_HEAD.unpack_from(view, position)
+            dtype = mapped_dtype(name.rstrip(b"\0").decode("ascii", "replace"))
+            if dtype is None or position + _round_up(ARRAY_HEAD.size + 8 * ndim, 16) > nbytes:
+                self._damaged(index, f"an array head names dtype {name!r} with {ndim} dimensions "
+                                     f"(object and structured dtypes are never mapped)")
             shape = struct.unpack_from(f"<{ndim}Q", view, position + ARRAY_HEAD.size)
             position += _round_up(ARRAY_HEAD.size + 8 * ndim, 16)
-            array = np.ndarray(shape, np.dtype(dtype.rstrip(b"\0").decode()), buffer=view, offset=position)
+            size = dtype.itemsize * int(np.prod(shape, dtype=object))
+            if position + size > nbytes:
+                self._damaged(index, f"an array of shape {shape} runs past the entry's {nbytes} bytes")
+            array = np.ndarray(shape, dtype, buffer=view, offset=position)
             array.flags.writeable = False
             arrays.append(array)
             position += _round_up(array.nbytes, 16)
         return tuple(arrays)
 
+    def _damaged(self, index, why):
+        raise DataError(f"the shared sample store {self.path} holds a damaged entry for sample {index}: {why}; "
+                        f"remove the file")
+
     def put(self, index, arrays):
         """Store sample `index` if it is not there (or only reserved by a writer that died) and
         fits; True when this call stored it."""
         arrays = [np.ascontiguousarray(a) for a in arrays]
+        unmapped = [str(a.dtype) for a in arrays if mapped_dtype(a.dtype.str) is None]
+        if unmapped:
+            raise DataError(f"sample {index} holds arrays of dtype {unmapped[0]}, which the memory cache cannot "
+                            f"share: decode samples to arrays of numbers (object and structured dtypes are "
+                            f"never mapped)")
         nbytes = _round_up(encoded_size(arrays), ALIGN)
         with self._thread_lock:
             fcntl.flock(self._fd, fcntl.LOCK_EX)

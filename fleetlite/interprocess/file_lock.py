@@ -1,7 +1,8 @@
 """An exclusive lock on a file, waited for with a deadline: how the processes of one node (the
 ranks of a job) take turns at making something once, such as a disk-cache copy or a compiled
 kernel. flock is released by the kernel when its holder dies, so a killed process never blocks
-the others."""
+the others. Lock files are made 0600 and never opened through a symlink (they live in folders
+fleetlite.interprocess.private_paths checked)."""
 import fcntl
 import os
 import time
@@ -16,7 +17,7 @@ class FileLock:
 
     def __enter__(self):
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         deadline = time.monotonic() + self.timeout
         while True:
             try:

@@ -36,6 +36,10 @@ LAUNCHER_PID = "FLEETLITE_LAUNCHER_PID"
 # Set to "1" by `fleetrun --explain`: the fleet API must not bring up a process group; it compiles
 # for read_topology(os.environ) (rank 0 of the planned job), prints the CompileReport, and exits 0.
 EXPLAIN_ONLY = "FLEETLITE_EXPLAIN_ONLY"
+# A random secret each host's fleetrun draws once per job and gives its workers (restarts keep
+# it): part of the names of what they share on the node (the memory sample store), so no other
+# job, and no other user, can compute them.
+NODE_SECRET = "FLEETLITE_NODE_SECRET"
 
 
 def worker_env(topology, job_id="default", restart_count=0, error_file=None, progress_file=None):
