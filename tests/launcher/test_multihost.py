@@ -225,8 +225,10 @@ def test_workers_bind_the_interface_of_their_hosts_ips_entry_whatever_the_hostna
     assert bind_interface(["node-a", "node-b"], "node-b") == "eth0"
 
 
-def test_one_machine_jobs_and_an_exported_interface_are_left_as_they_are():
-    assert bind_interface(["127.0.0.1", "127.0.0.2"], "127.0.0.2") is None
+def test_one_machine_jobs_bind_loopback_and_an_exported_interface_is_left_as_it_is():
+    assert bind_interface(["127.0.0.1", "127.0.0.2"], "127.0.0.2") == "lo"
+    assert bind_interface(["localhost"], "localhost") == "lo"
+    assert bind_interface(["127.0.0.1"], "127.0.0.1", {"GLOO_SOCKET_IFNAME": "ens5"}) is None
     assert bind_interface(["node-a", "node-b"], "node-b", {"GLOO_SOCKET_IFNAME": "ens5"}) is None
 
 
