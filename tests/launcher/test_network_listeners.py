@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from fleetlite.launcher.preflight import interface_addresses
-from support.job_sockets import tcp_sockets
+from support.job_sockets import descendants, tcp_sockets
 from support.multiprocess import FLEETRUN, QUIET_CPU, clean_environment
 
 SCRIPT = Path(__file__).resolve().parents[1] / "launcher_scripts" / "hold_after_init.py"
@@ -43,9 +43,9 @@ def _run_and_sample(command, folder, ranks):
         deadline = time.monotonic() + 90
         while not all((folder / f"ready.{rank}").exists() for rank in range(ranks)):
             assert job.poll() is None and time.monotonic() < deadline, "the job ended or stalled before it was ready"
-            seen |= tcp_sockets(job.pid)
+            seen |= tcp_sockets(descendants(job.pid))
             time.sleep(0.01)
-        running = tcp_sockets(job.pid)
+        running = tcp_sockets(descendants(job.pid))
         (folder / "stop").touch()
         output, _ = job.communicate(timeout=60)
     finally:

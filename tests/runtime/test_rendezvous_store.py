@@ -150,5 +150,5 @@ def test_paddles_own_store_listens_on_every_address_whatever_host_it_is_given():
     from paddle.base import core
     port = free_port()
     store = core.TCPStore("127.0.0.1", port, True, 1, 10)
-    assert ("listen", ipaddress.ip_address("0.0.0.0"), port) in tcp_sockets(os.getpid())
+    assert ("listen", ipaddress.ip_address("0.0.0.0"), port) in tcp_sockets([os.getpid()])
     del store

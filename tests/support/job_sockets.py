@@ -43,16 +43,17 @@ def _address(hex_address):
     return getattr(address, "ipv4_mapped", None) or address, int(port, 16)
 
 
-def tcp_sockets(root):
-    """{(state, local address, local port)} of the TCP sockets `root` and its descendants hold
-    (state: 'listen' or 'connected')."""
-    inodes = set().union(*(_socket_inodes(pid) for pid in descendants(root)))
+def tcp_sockets(pids):
+    """{(state, local address, local port)} of the TCP sockets processes `pids` hold, all in
+    the network namespace of the first (state: 'listen' or 'connected')."""
+    pids = list(pids)
+    inodes = set().union(*(_socket_inodes(pid) for pid in pids))
     found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for table in ("tcp", "tcp6"):
         try:
-            with open(table) as rows:
+            with open(f"/proc/{pids[0]}/net/{table}") as rows:
                 lines = rows.read().splitlines()[1:]
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError, IndexError):   # no IPv6; it exited; no pids
             continue
         for line in lines:
             fields = line.split()
