@@ -72,7 +72,8 @@ def _sized(buffer, start, limit):
 
 
 class RendezvousStore:
-    """Serves Paddle's store protocol on `address:port` from a daemon thread until `close`.
+    """Serves Paddle's store protocol on `address:port` (0: a free one, then `.port`) from a
+    daemon thread until `close`.
 
     `peers` are the IPv4 addresses allowed to connect (None: loopback ones only)."""
 
@@ -86,6 +87,7 @@ class RendezvousStore:
         self._all_joined = threading.Event()
         self._selector = selectors.DefaultSelector()
         self._listener = socket.create_server((address, port))   # SO_REUSEADDR, as Paddle's
+        self.port = self._listener.getsockname()[1]
         self._listener.setblocking(False)
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._wake_read, self._wake_write = socket.socketpair()
@@ -97,9 +99,6 @@ class RendezvousStore:
     def wait_for_ranks(self, timeout):
         """True once every rank's client has connected, False after `timeout` seconds."""
         return self._all_joined.wait(timeout)
-
-    def joined(self):
-        return int(self._values.get(INIT_KEY, b"0"))
 
     def is_listening(self):
         return self._listener is not None

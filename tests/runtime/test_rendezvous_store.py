@@ -65,13 +65,13 @@ class Client:
 
 @pytest.fixture
 def store():
-    server = RendezvousStore("127.0.0.1", free_port(), world_size=2)
+    server = RendezvousStore("127.0.0.1", 0, world_size=2)
     yield server
     server.close()
 
 
 def test_set_get_add_check_and_a_wait_answered_when_the_key_is_set(store):
-    port = store._listener.getsockname()[1]
+    port = store.port
     writer, waiter = Client(port), Client(port)
     waiter.send(WAIT, b"/gloo/rank1")
     waiter.socket.settimeout(0.3)
@@ -90,7 +90,7 @@ def test_set_get_add_check_and_a_wait_answered_when_the_key_is_set(store):
 
 
 def test_it_stops_listening_once_every_rank_has_connected_and_keeps_serving_them(store):
-    port = store._listener.getsockname()[1]
+    port = store.port
     ranks = [Client(port), Client(port)]
     assert ranks[0].add(INIT_KEY, 1) == 1 and store.is_listening()
     assert ranks[1].add(INIT_KEY, 1) == 2
@@ -102,7 +102,7 @@ def test_it_stops_listening_once_every_rank_has_connected_and_keeps_serving_them
 
 
 def test_connections_beyond_the_ranks_own_are_closed_at_once(store):
-    port = store._listener.getsockname()[1]
+    port = store.port
     clients = [Client(port) for _ in range(store.world_size + SPARE_CONNECTIONS + 20)]
     kept = clients[:store.world_size + SPARE_CONNECTIONS]
     assert all(c.is_closed_by_store() for c in clients[len(kept):])
@@ -110,9 +110,9 @@ def test_connections_beyond_the_ranks_own_are_closed_at_once(store):
 
 
 def test_peers_outside_the_job_are_turned_away_and_named():
-    server = RendezvousStore("127.0.0.1", free_port(), world_size=2, peers={"10.213.0.1", "10.213.0.2"})
+    server = RendezvousStore("127.0.0.1", 0, world_size=2, peers={"10.213.0.1", "10.213.0.2"})
     try:
-        assert Client(server._listener.getsockname()[1]).is_closed_by_store()
+        assert Client(server.port).is_closed_by_store()
         assert server.refused == {"127.0.0.1"}
     finally:
         server.close()
@@ -128,7 +128,7 @@ def test_peers_outside_the_job_are_turned_away_and_named():
     + struct.pack("=q", 1),                                      # past int64
 ])
 def test_a_malformed_peer_is_dropped_and_the_others_are_served(store, payload):
-    port = store._listener.getsockname()[1]
+    port = store.port
     good, bad = Client(port), Client(port)
     good.send(SET, b"/text", _field(b"not a number"))
     bad.socket.sendall(payload)
