@@ -22,6 +22,7 @@ from fleetlite.launcher.plan import check_spec, job_port, pinned_port
 
 SIOCGIFADDR = 0x8915
 GLOO_INTERFACE_ENV = "GLOO_SOCKET_IFNAME"
+LOOPBACK = "127.0.0.1"
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
 HOST_LOOKUP_TIMEOUT_S = 5.0
 _HOSTNAME_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
@@ -168,10 +169,13 @@ def gloo_interface(ips, this_host, environ, interfaces, hostname, resolve=_ipv4_
     that is 127.0.1.1 (Debian's /etc/hosts) the other hosts cannot reach the workers. So on a
     job across hosts each host's workers bind the interface that holds its own --ips address;
     when there is none, a hostname that resolves to a loopback address is refused here, with
-    the fix. An exported GLOO_SOCKET_IFNAME, a single host, or hosts that are all loopback
-    addresses (one machine) are left as they are."""
-    if GLOO_INTERFACE_ENV in environ or all(_is_loopback(host) for host in ips):
+    the fix. Hosts that are all loopback addresses (one machine) bind the loopback interface,
+    so no worker listens where the network reaches it. An exported GLOO_SOCKET_IFNAME is
+    left as it is."""
+    if GLOO_INTERFACE_ENV in environ:
         return None
+    if all(_is_loopback(host) for host in ips):
+        return interfaces.get(LOOPBACK, "lo")
     address = this_host if _address(this_host) else resolve(this_host)
     if address == this_host and _address(address).is_loopback:
         raise LaunchError(f"--ips: this host is listed as {this_host}, a loopback address: the other hosts "

@@ -8,6 +8,7 @@ bootstrap) fires when the *thread* that spawned the worker ends, not just the pr
 The supervisor sees both kinds through the same four calls (poll, terminate, kill, close), so
 tests can hand it anything that has them.
 """
+import base64
 import os
 import shlex
 import signal
@@ -154,6 +155,16 @@ class LocalTransport:
         return Process(f"rank {slot.rank}", slot.host, popen, slot, log_start, tee)
 
 
+def remote_command(cwd, argv):
+    """The command line ssh hands the remote user's login shell: `cd cwd && exec argv`, run by
+    `sh -c`. The POSIX text travels base64-encoded, so the login shell reads only `sh -c`'s
+    fixed text and letters: fish and csh quote differently from POSIX shells, and there an
+    argument ending in a backslash or holding a newline broke out of its quotes."""
+    script = f"cd {shlex.quote(cwd)} && exec {shlex.join(argv)}"
+    encoded = base64.b64encode(script.encode()).decode()
+    return f"sh -c 'eval \"$(printf %s \"$1\" | base64 -d)\"' fleetrun {encoded}"
+
+
 class SshTransport:
     """Starts fleetrun on another host as `<ssh command> <host> <remote command>`; its output
     comes back on this console (stderr) through its link. The remote side runs the same python
@@ -165,8 +176,7 @@ class SshTransport:
         self._console = console if console is not None else sys.stderr.buffer
 
     def start(self, host, fleetrun_argv, ranks):
-        remote = (f"cd {shlex.quote(self._cwd)} && exec {shlex.quote(self._python)} -u -m "
-                  f"fleetlite.launcher {shlex.join(fleetrun_argv)}")
+        remote = remote_command(self._cwd, [self._python, "-u", "-m", "fleetlite.launcher", *fleetrun_argv])
         popen = subprocess.Popen([*self._ssh_command, host, remote], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         link = RemoteLink(popen.stdin, popen.stdout, self._console)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from fleetlite.interprocess import tcp_ports
 from fleetlite.interprocess.process_liveness import process_exists
+from benchmarks.harness import apt_packages
 from benchmarks.harness.network_namespace import _exit_on_terminate, _run
 
 PREFIX = "flmh-"
@@ -40,7 +41,6 @@ SSHD = "/usr/sbin/sshd"
 SSH_PORT = 22
 START_TIMEOUT_S = 15
 KILL_WAIT_S = 5
-APT_TIMEOUT_S = 300
 NETNS_ETC = Path("/etc/netns")
 KEYS_ROOT = Path(tempfile.gettempdir())
 
@@ -78,21 +78,7 @@ def unavailable():
 def install_openssh():
     """Install openssh-server and -client with apt-get when sshd or ssh is missing (bounded);
     returns why they are still missing, or None."""
-    if os.path.exists(SSHD) and shutil.which("ssh"):
-        return None
-    if not shutil.which("apt-get"):
-        return "sshd is not installed and apt-get is not available: install openssh-server"
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "openssh-server", "openssh-client"]
-    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    try:
-        for command in ([install], [["apt-get", "update", "-q"], install]):
-            results = [subprocess.run(step, capture_output=True, text=True, env=environment,
-                                      timeout=APT_TIMEOUT_S) for step in command]
-            if results[-1].returncode == 0 and os.path.exists(SSHD):
-                return None
-    except subprocess.TimeoutExpired:
-        return f"apt-get install openssh-server did not finish within {APT_TIMEOUT_S} s"
-    return f"apt-get install openssh-server failed: {results[-1].stderr.strip()[-200:]}"
+    return apt_packages.install_missing(["openssh-server", "openssh-client"], [SSHD, "ssh"])
 
 
 def _namespaces():

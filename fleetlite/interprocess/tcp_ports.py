@@ -3,7 +3,7 @@
 Ports are never probed with connect(): a connect() to a port in the ephemeral range can connect
 to itself and then hold the very port it tested (seen once in ~150 launches as a libuv abort in
 rank 0's store). A port counts as used when any socket on any local address has it, except in
-TIME_WAIT: Paddle's store binds 0.0.0.0 with SO_REUSEADDR, which those do not block (a job
+TIME_WAIT: rank 0's store binds with SO_REUSEADDR, which those do not block (a job
 reuses its port back to back). fleetrun reserves ports with these; the worker's process group
 waits with them for rank 0's store.
 """

@@ -12,7 +12,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from fleetlite.runtime import process_group
+from fleetlite.runtime import plain_values, process_group
 from fleetlite.runtime.collective_waits import waiting_in
 from fleetlite.errors import FleetliteError
 
@@ -39,6 +39,19 @@ def _collective_dtype(array):
                          f"a float, or a numpy array of them")
 
 
+def _all_gather_bytes(data):
+    """Every rank's `data` (bytes of any length), in rank order: lengths first, then the bytes
+    padded to the longest (what Paddle's all_gather_object does, minus the pickle)."""
+    lengths = []
+    dist.all_gather(lengths, paddle.to_tensor(np.array([len(data)], np.int64)))
+    lengths = [int(length.item()) for length in lengths]
+    padded = np.zeros(max(lengths), np.uint8)
+    padded[:len(data)] = np.frombuffer(data, np.uint8)
+    parts = []
+    dist.all_gather(parts, paddle.to_tensor(padded))
+    return [part.numpy()[:length].tobytes() for part, length in zip(parts, lengths)]
+
+
 class JobValues:
     """Fleet's `UtilBase` for collective jobs; `topology` returns this process's Topology."""
 
@@ -63,14 +76,16 @@ class JobValues:
             return tensor.numpy().reshape(array.shape)
 
     def all_gather(self, input, comm_world="worker"):
-        """Every rank's `input` (any picklable value), as a list in rank order."""
+        """Every rank's `input` as a list in rank order. `input` is plain data (numbers,
+        strings, bytes, lists, tuples, dicts, numpy arrays; see plain_values): it crosses the
+        network encoded, never pickled, so no peer can make this rank run code."""
         _check_comm_world(comm_world)
+        data = plain_values.encode(input)
         if self._topology().world_size == 1:
-            return [input]
-        gathered = []
+            return [plain_values.decode(data)]
         with waiting_in("fleet.util.all_gather"), process_group.dynamic_mode():
-            dist.all_gather_object(gathered, input)
-        return gathered
+            parts = _all_gather_bytes(data)
+        return [plain_values.decode(part) for part in parts]
 
     def barrier(self, comm_world="worker"):
         """Block until every rank gets here."""

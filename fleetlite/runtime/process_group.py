@@ -6,7 +6,10 @@ missing, still waits after minutes). Here the same pieces are assembled with bou
 - a non-master rank first polls the master endpoint with plain TCP connects, and fails with
   an error naming the endpoint when the deadline passes (Paddle's store client would retry
   silently, every 3 s, for much longer);
-- the store is created with the same deadline, so the master fails naming the missing ranks;
+- rank 0 serves the store itself (rendezvous_store: Paddle's protocol on the master's address
+  only, closed to new connections once every rank is in; Paddle's own server binds 0.0.0.0
+  for the whole job) and waits for the ranks with the same deadline, so it fails naming them;
+  every rank, rank 0 included, talks to it with Paddle's store client;
 - the process group is then registered exactly as Paddle's own init does, so static programs
   find ring 0 and `paddle.distributed` calls work.
 Paddle creates process groups in dynamic mode; `bring_up` switches to it and back.
@@ -27,6 +30,7 @@ from paddle.distributed.parallel import _set_expected_place
 
 from fleetlite.errors import TopologyError
 from fleetlite.interprocess import tcp_ports
+from fleetlite.runtime import rendezvous_store
 from fleetlite.topology.env_contract import worker_env
 
 TIMEOUT_ENV = "FLEETLITE_INIT_TIMEOUT"
@@ -34,6 +38,7 @@ DEFAULT_TIMEOUT = 120
 GROUP_NAME = "_default_pg"   # the name Paddle gives its default group
 
 _store = None
+_server = None   # rank 0's RendezvousStore
 
 
 def init_timeout(environ=os.environ):
@@ -107,15 +112,40 @@ def _unreachable(host, port, timeout, rank, why):
 
 
 def _rendezvous(host, port, topology, timeout):
+    """Paddle's store client on every rank; rank 0 first serves the store (rendezvous_store)
+    on the master's address only, and waits until every rank has connected."""
+    global _server
+    if topology.rank == 0:
+        _server = _serve_store(host, port, topology)
     try:
-        return core.TCPStore(host, port, topology.rank == 0, topology.world_size, timeout)
+        store = core.TCPStore(host, port, False, topology.world_size, timeout)
     except Exception as exc:  # Paddle raises SystemError with its own text
-        if topology.rank == 0:
-            what = (f"rank 0 hosts the rendezvous store at {host}:{port}, but not all "
-                    f"{topology.world_size - 1} other ranks connected within {timeout} s")
-        else:
-            what = f"rank {topology.rank} reached {host}:{port} but the rendezvous did not finish within {timeout} s"
-        raise TopologyError(f"{what}: a rank is missing or was started late ({TIMEOUT_ENV} sets the wait)") from exc
+        raise _rendezvous_failed(host, port, topology, timeout) from exc
+    if topology.rank == 0 and not _server.wait_for_ranks(timeout):
+        raise _rendezvous_failed(host, port, topology, timeout)
+    return store
+
+
+def _rendezvous_failed(host, port, topology, timeout):
+    if topology.rank == 0:
+        refused = (f" (refused {', '.join(sorted(_server.refused))}: not hosts of the job)"
+                   if _server.refused else "")
+        what = (f"rank 0 hosts the rendezvous store at {host}:{port}, but not all "
+                f"{topology.world_size - 1} other ranks connected within {timeout} s{refused}")
+    else:
+        what = f"rank {topology.rank} reached {host}:{port} but the rendezvous did not finish within {timeout} s"
+    return TopologyError(f"{what}: a rank is missing or was started late ({TIMEOUT_ENV} sets the wait)")
+
+
+def _serve_store(host, port, topology):
+    address = socket.gethostbyname(host)
+    peers = None if ipaddress.ip_address(address).is_loopback else {
+        socket.gethostbyname(endpoint.rsplit(":", 1)[0]) for endpoint in topology.endpoints}
+    try:
+        return rendezvous_store.RendezvousStore(address, port, topology.world_size, peers)
+    except OSError as exc:
+        raise TopologyError(f"rank 0 could not listen on {address}:{port} for the rendezvous store "
+                            f"({exc.strerror}): stop what uses the port, or pick another") from None
 
 
 def _register_default_group(store, topology):

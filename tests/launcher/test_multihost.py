@@ -4,6 +4,7 @@ would run it on the first host. Faults are real: a host's every process killed, 
 ssh that cannot start, a hostname that resolves to 127.0.1.1. Every wait is bounded.
 """
 import io
+import ipaddress
 import json
 import os
 import re
@@ -19,12 +20,14 @@ from fleetlite.errors import LaunchError
 from fleetlite.launcher.host_link import HEARTBEAT, RemoteLink, follow_first_host
 from fleetlite.launcher.preflight import gloo_interface
 from fleetlite.launcher.supervisor import StopRequest
+from support.job_sockets import tcp_sockets
 from support.multiprocess import clean_environment, run_job
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository root, where benchmarks/ is a package
 from benchmarks.harness import namespace_cluster  # noqa: E402
 
 TRAIN = str(Path(__file__).resolve().parents[1] / "launcher_scripts" / "train_linear.py")
+HOLD = Path(__file__).resolve().parents[1] / "launcher_scripts" / "hold_after_init.py"
 WORKERS = Path(__file__).resolve().parents[1] / "workers"
 STEPS = 6
 JOB_TIMEOUT_S = 90
@@ -86,6 +89,35 @@ def test_four_ranks_on_two_hosts_over_ssh_train_like_one_process(cluster, tmp_pa
     assert "gloo binds GLOO_SOCKET_IFNAME=eth0, the interface of node-b" in result.stderr
     assert "heartbeat" not in result.stderr + result.stdout
     np.testing.assert_allclose(np.load(tmp_path / "w.npy"), one_process, rtol=1e-5)
+
+
+def test_a_job_across_hosts_listens_only_on_each_hosts_ips_address_and_only_while_it_starts(cluster, tmp_path):
+    """Every socket of the job's processes on each host, sampled from /proc while it starts and
+    once it runs, is on that host's address: rank 0's store listens on node-a's while the ranks
+    connect (node-b's rank starts 1 s late), and nothing listens once the job runs."""
+    ips = ["node-a", "node-b"]
+    fleetrun = cluster.fleetrun(ips, ["--job_id", "listeners", str(HOLD), str(tmp_path)], tmp_path,
+                                env=clean_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = {name: set() for name in ips}
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not all((tmp_path / f"ready.{rank}").exists() for rank in range(2)):
+            assert fleetrun.poll() is None and time.monotonic() < deadline, "the job ended or stalled before it was ready"
+            for name in ips:
+                seen[name] |= tcp_sockets(cluster.processes(name))
+            time.sleep(0.01)
+        running = {name: tcp_sockets(cluster.processes(name)) for name in ips}
+        (tmp_path / "stop").touch()
+        output, _ = fleetrun.communicate(timeout=JOB_TIMEOUT_S)
+    finally:
+        fleetrun.kill()
+        fleetrun.wait()
+    assert fleetrun.returncode == 0, output
+    store_port = int(re.search(r"rank 0's store at node-a:(\d+)", output).group(1))
+    assert ("listen", ipaddress.ip_address(cluster.hosts["node-a"].address), store_port) in seen["node-a"]
+    for name in ips:   # ssh's connections included: they are on the host's address too
+        assert {str(address) for _, address, _ in seen[name] | running[name]} == {cluster.hosts[name].address}, name
+        assert [s for s in running[name] if s[0] == "listen"] == [], name
 
 
 def test_three_hosts_named_127_0_1_1_by_themselves_train_like_one_process_listed_by_address(
@@ -225,8 +257,10 @@ def test_workers_bind_the_interface_of_their_hosts_ips_entry_whatever_the_hostna
     assert bind_interface(["node-a", "node-b"], "node-b") == "eth0"
 
 
-def test_one_machine_jobs_and_an_exported_interface_are_left_as_they_are():
-    assert bind_interface(["127.0.0.1", "127.0.0.2"], "127.0.0.2") is None
+def test_one_machine_jobs_bind_loopback_and_an_exported_interface_is_left_as_it_is():
+    assert bind_interface(["127.0.0.1", "127.0.0.2"], "127.0.0.2") == "lo"
+    assert bind_interface(["localhost"], "localhost") == "lo"
+    assert bind_interface(["127.0.0.1"], "127.0.0.1", {"GLOO_SOCKET_IFNAME": "ens5"}) is None
     assert bind_interface(["node-a", "node-b"], "node-b", {"GLOO_SOCKET_IFNAME": "ens5"}) is None
 
 
