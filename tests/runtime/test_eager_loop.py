@@ -1,0 +1,117 @@
+"""Fleet's eager loop (loss.backward(); opt.step()) takes the scripts Paddle users write
+(docs/dygraph.md, "Fleet's eager loop").
+
+Parity: two fleetrun jobs of 2 ranks run workers/eager_loop_worker.py with the README's preset
+(configs/cpu_gloo.yaml), one calling paddle.distributed.init_parallel_env() before fleet.init and
+one after it. Each case (the README's loop; AdamW with parameter groups and a global-norm clip; a
+model the script wraps in paddle.DataParallel itself) trains rank r on rows r::2 beside a
+plain-Paddle reference on the full batch in one process: the mean of the ranks' losses and every
+rank's parameters must equal it to 1e-5. Which shipped presets the loop accepts runs in this
+process.
+"""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import paddle
+import pytest
+
+import fleetlite as fleet
+from fleetlite.errors import DygraphError
+from fleetlite.runtime import eager_data_parallel
+from fleetlite.topology.topology import Topology
+from support.multiprocess import clean_environment
+from workers import eager_loop_worker
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = ROOT / "tests" / "workers" / "eager_loop_worker.py"
+TOLERANCE = 1e-5
+ORDERS = ("paddle_first", "fleet_first")
+TWO_CPU_RANKS = Topology(rank=0, world_size=2, local_size=2, endpoints=("127.0.0.1:6070", "127.0.0.1:6071"))
+TWO_GPU_RANKS = Topology(rank=0, world_size=2, local_size=2, endpoints=("127.0.0.1:6070", "127.0.0.1:6071"),
+                         device="gpu", device_id=0)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """{order: [each rank's result]} of one 2-rank fleetrun job per order of bring-up."""
+    results = {}
+    for order in ORDERS:
+        out = tmp_path_factory.mktemp(order)
+        run = subprocess.run([sys.executable, "-m", "fleetlite.cli", "run", "--nproc_per_node", "2",
+                              "--log_dir", str(out / "log"), str(WORKER), str(out), order],
+                             cwd=out, env=clean_environment(), capture_output=True, text=True, timeout=150)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        results[order] = [json.loads((out / f"result.{rank}.json").read_text()) for rank in range(2)]
+    return results
+
+
+@pytest.mark.parametrize("case", eager_loop_worker.CASES)
+@pytest.mark.parametrize("order", ORDERS)
+def test_the_eager_loop_trains_like_one_process_on_the_full_batch(jobs, order, case):
+    ranks = [result[case] for result in jobs[order]]
+    loss_diff = np.abs(np.mean([rank["losses"] for rank in ranks], axis=0) - ranks[0]["reference_losses"]).max()
+    param_diffs = [rank["param_diff"] for rank in ranks]
+    assert max(loss_diff, *param_diffs) <= TOLERANCE, f"losses {loss_diff}, each rank's parameters {param_diffs} off"
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_grouped_parameters_of_a_model_nothing_wraps_are_refused(jobs, order):
+    for result in jobs[order]:
+        assert re.fullmatch(
+            r"opt.step\(\) on 2 ranks would train unsynchronised copies: the value of linear_\d+\.[wb]_0 differs "
+            r"between the ranks; wrap the model before training with model = fleet.distributed_model\(model\) "
+            r"\(or paddle.DataParallel\(model\)\) and call the wrapper, or train with step = "
+            r"fleet.train_step\(model, loss_fn, opt\) \(docs/dygraph.md\)", result["unwrapped_groups"])
+
+
+def preset(name):
+    return fleet.DistributedStrategy.load(str(ROOT / "configs" / name))
+
+
+def eager_step_refusal(strategy, topology):
+    """check_step's refusal of `strategy`'s knobs (None: the eager loop takes it)."""
+    optimizer = paddle.optimizer.SGD(0.1, parameters=paddle.nn.Linear(2, 2).parameters())
+    try:
+        eager_data_parallel.check_step(optimizer, strategy, topology, wrapped_only=False)
+    except DygraphError as error:
+        return str(error)
+    return None
+
+
+def refusal(knob):
+    return (f"strategy.{knob} needs fleetlite's compiler, which the eager loop (loss.backward(); opt.step()) does not "
+            f"run: train with step = fleet.train_step(model, loss_fn, opt) (docs/dygraph.md), or leave it out of the "
+            f"eager loop's strategy (configs/default.yaml; on CPU configs/cpu_gloo.yaml)")
+
+
+EXPECTED = {   # every shipped preset: None (accepted) or the knob its refusal names
+    "default.yaml": None,
+    "cpu_gloo.yaml": None,
+    "cpu_gloo_dgc.yaml": "dgc",
+    "cpu_gloo_topk.yaml": "topk",
+    "resnet50_4x8_gpu.yaml": "amp",
+}
+
+
+def test_every_shipped_preset_is_listed():
+    assert sorted(path.name for path in (ROOT / "configs").glob("*.yaml")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_eager_loop_takes_a_preset_or_its_refusal_names_the_preset_to_use(name):
+    knob = EXPECTED[name]
+    assert eager_step_refusal(preset(name), TWO_CPU_RANKS) == (None if knob is None else refusal(knob))
+
+
+def test_a_knob_at_a_value_that_changes_something_is_still_refused():
+    strategy = preset("cpu_gloo.yaml")
+    strategy.fuse_grad_size_in_TFLOPS = 8            # a count limit: DataParallel's buckets have none
+    assert eager_step_refusal(strategy, TWO_CPU_RANKS) == refusal("fuse_grad_size_in_TFLOPS")
+    strategy = preset("cpu_gloo.yaml")
+    strategy.gradient_scale_configs = {"scale_strategy": "sum"}   # DataParallel always averages
+    assert eager_step_refusal(strategy, TWO_CPU_RANKS) == refusal("gradient_scale_configs.scale_strategy")
+    assert eager_step_refusal(preset("cpu_gloo.yaml"), TWO_GPU_RANKS) == refusal("sync_nccl_allreduce")
