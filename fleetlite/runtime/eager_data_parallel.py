@@ -76,9 +76,22 @@ def optimizer_parameters(optimizer):
 
 
 def _honoured(field, value, topology):
-    if field in EAGER_KNOBS or field.split(".")[0] in EAGER_KNOBS:
+    """Whether the eager loop does what `field: value` asks (EAGER_KNOBS, CHANGES_NOTHING, data-parallel hybrid_configs)."""
+    section = field.split(".")[0]
+    if field in EAGER_KNOBS or section in EAGER_KNOBS:
         return True
+    if section == "hybrid_configs":
+        return _data_parallel_only(field, value, topology)
     return field in CHANGES_NOTHING and CHANGES_NOTHING[field](value, topology)
+
+
+def _data_parallel_only(field, value, topology):
+    """hybrid_configs that describe data parallelism over the whole job (PaddleNLP-style scripts
+    set dp_degree) change nothing here: every other degree must stay 1."""
+    name = field.rsplit(".", 1)[-1]
+    if name == "dp_degree":
+        return value in (-1, topology.world_size)
+    return not name.endswith("_degree") or value == 1
 
 
 def _fingerprints(tensors):

@@ -115,3 +115,11 @@ def test_a_knob_at_a_value_that_changes_something_is_still_refused():
     strategy.gradient_scale_configs = {"scale_strategy": "sum"}   # DataParallel always averages
     assert eager_step_refusal(strategy, TWO_CPU_RANKS) == refusal("gradient_scale_configs.scale_strategy")
     assert eager_step_refusal(preset("cpu_gloo.yaml"), TWO_GPU_RANKS) == refusal("sync_nccl_allreduce")
+
+
+def test_data_parallel_hybrid_configs_are_taken_and_other_degrees_refused():
+    strategy = preset("cpu_gloo.yaml")
+    strategy.hybrid_configs = {"dp_degree": 2, "mp_degree": 1, "pp_degree": 1, "sharding_degree": 1}
+    assert eager_step_refusal(strategy, TWO_CPU_RANKS) is None
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 2}
+    assert eager_step_refusal(strategy, TWO_CPU_RANKS) == refusal("hybrid_configs.dp_degree")
