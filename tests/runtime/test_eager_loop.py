@@ -58,14 +58,16 @@ def test_the_eager_loop_trains_like_one_process_on_the_full_batch(jobs, order, c
     assert max(loss_diff, *param_diffs) <= TOLERANCE, f"losses {loss_diff}, each rank's parameters {param_diffs} off"
 
 
-@pytest.mark.parametrize("order", ORDERS)
-def test_grouped_parameters_of_a_model_nothing_wraps_are_refused(jobs, order):
-    for result in jobs[order]:
+@pytest.mark.parametrize("case, what", [("unwrapped_groups", "value"), ("unwrapped_same_seed", "gradient")])
+def test_grouped_parameters_nothing_synchronises_are_refused(jobs, case, what):
+    """Nothing wraps the model: built from each rank's seed its values differ; built from one
+    seed on every rank they agree, and the gradients of the ranks' rows do not."""
+    for result in jobs["paddle_first"]:
         assert re.fullmatch(
-            r"opt.step\(\) on 2 ranks would train unsynchronised copies: the value of linear_\d+\.[wb]_0 differs "
+            rf"opt.step\(\) on 2 ranks would train unsynchronised copies: the {what} of linear_\d+\.[wb]_0 differs "
             r"between the ranks; wrap the model before training with model = fleet.distributed_model\(model\) "
             r"\(or paddle.DataParallel\(model\)\) and call the wrapper, or train with step = "
-            r"fleet.train_step\(model, loss_fn, opt\) \(docs/dygraph.md\)", result["unwrapped_groups"])
+            r"fleet.train_step\(model, loss_fn, opt\) \(docs/dygraph.md\)", result[case])
 
 
 def preset(name):

@@ -94,12 +94,15 @@ def compare(name, x, y):
             "param_diff": max(float(np.abs(trained[k] - expected[k]).max()) for k in expected)}
 
 
-def refusal_of_unwrapped_groups(x, y):
-    """The refusal of an eager step whose grouped parameters no wrapper synchronises (None if it ran)."""
+def refused_step(seed, x, y):
+    """The refusal of an eager step on grouped parameters of a model nothing wraps, built from
+    `seed` on every rank (None if the step ran)."""
     with paddle.utils.unique_name.guard():
+        paddle.seed(seed)
         model = models.Mlp()
     optimizer = fleet.distributed_optimizer(adamw_groups(model))
-    loss_fn(model, x[fleet.worker_index()::fleet.worker_num()], y[fleet.worker_index()::fleet.worker_num()]).backward()
+    rank, world = fleet.worker_index(), fleet.worker_num()
+    loss_fn(model, x[rank::world], y[rank::world]).backward()
     try:
         optimizer.step()
     except fleet.FleetliteError as error:
@@ -121,7 +124,8 @@ def main():
     bring_up(order)
     x, y = models.digits(BATCH)
     results = {name: compare(name, x, y) for name in CASES}
-    results["unwrapped_groups"] = refusal_of_unwrapped_groups(x, y)
+    results["unwrapped_groups"] = refused_step(SEED + fleet.worker_index(), x, y)     # values differ
+    results["unwrapped_same_seed"] = refused_step(SEED, x, y)      # values agree, gradients (other rows) do not
     Path(out, f"result.{fleet.worker_index()}.json").write_text(json.dumps(results))
 
 
