@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +21,8 @@ import paddle
 import pytest
 
 import fleetlite as fleet
-from fleetlite.errors import DygraphError
-from fleetlite.runtime import eager_data_parallel
+from fleetlite.errors import DygraphError, TopologyError
+from fleetlite.runtime import eager_data_parallel, process_group
 from fleetlite.topology.topology import Topology
 from support.multiprocess import clean_environment
 from workers import eager_loop_worker
@@ -68,6 +69,14 @@ def test_grouped_parameters_nothing_synchronises_are_refused(jobs, case, what):
             r"between the ranks; wrap the model before training with model = fleet.distributed_model\(model\) "
             r"\(or paddle.DataParallel\(model\)\) and call the wrapper, or train with step = "
             r"fleet.train_step\(model, loss_fn, opt\) \(docs/dygraph.md\)", result[case])
+
+
+def test_fleet_init_refuses_a_group_init_parallel_env_made_for_another_rank():
+    paddles = types.SimpleNamespace(rank=1, nranks=2)
+    with pytest.raises(TopologyError, match=r"^paddle.distributed.init_parallel_env\(\) made this process rank 1 of 2, "
+                                            r"but fleet.init's topology says rank 0 of 2: start the job with one "
+                                            r"launcher \(fleetrun\) so both read the same environment$"):
+        process_group._adopt(paddles, TWO_CPU_RANKS)
 
 
 def preset(name):
