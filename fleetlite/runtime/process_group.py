@@ -12,6 +12,9 @@ missing, still waits after minutes). Here the same pieces are assembled with bou
   every rank, rank 0 included, talks to it with Paddle's store client;
 - the process group is then registered exactly as Paddle's own init does, so static programs
   find ring 0 and `paddle.distributed` calls work.
+A script that called `paddle.distributed.init_parallel_env()` first already has that group, on
+a store at the master port: `bring_up` adopts both (a second store there would abort rank 0).
+`init_parallel_env()` after `bring_up` finds the group and returns it, as in Paddle's Fleet.
 Paddle creates process groups in dynamic mode; `bring_up` switches to it and back.
 """
 import contextlib
@@ -53,6 +56,10 @@ def bring_up(topology, timeout):
     """Create the default process group for `topology` (nothing for a world of 1)."""
     global _store
     if topology.world_size == 1 or _store is not None:
+        return
+    existing = paddle_collective._get_group_map_by_name().get(GROUP_NAME)
+    if existing is not None:
+        _store = _adopt(existing, topology)
         return
     for name, value in worker_env(topology).items():   # Paddle's C++ side reads these
         if name.startswith(("PADDLE_", "FLAGS_")):
@@ -146,6 +153,17 @@ def _serve_store(host, port, topology):
     except OSError as exc:
         raise TopologyError(f"rank 0 could not listen on {address}:{port} for the rendezvous store "
                             f"({exc.strerror}): stop what uses the port, or pick another") from None
+
+
+def _adopt(group, topology):
+    """The store of the default group `paddle.distributed.init_parallel_env()` made, once it
+    is checked to be this topology's."""
+    if (group.rank, group.nranks) != (topology.rank, topology.world_size):
+        raise TopologyError(
+            f"paddle.distributed.init_parallel_env() made this process rank {group.rank} of {group.nranks}, "
+            f"but fleet.init's topology says rank {topology.rank} of {topology.world_size}: start the job "
+            f"with one launcher (fleetrun) so both read the same environment")
+    return paddle_collective._default_store
 
 
 def _register_default_group(store, topology):

@@ -85,11 +85,12 @@ def test_the_eager_loop_reduces_in_buckets_of_the_strategys_fusion_size(jobs):
     assert jobs[1][0]["eager_loop"]["comm_buffer_size"] is None        # one rank: the model itself
 
 
-def test_an_eager_step_on_a_model_distributed_model_did_not_wrap_is_refused_on_two_ranks(jobs):
+def test_an_eager_step_on_a_model_nothing_wraps_is_refused_on_two_ranks(jobs):
     for result in jobs[2]:
         assert re.fullmatch(
-            r"opt.step\(\) on 2 ranks would train unsynchronised copies: linear_[01]\.[wb]_0 is not in a model wrapped by "
-            r"model = fleet.distributed_model\(model\) before training; wrap it, or train with step = "
+            r"opt.step\(\) on 2 ranks would train unsynchronised copies: the value of linear_[01]\.[wb]_0 differs "
+            r"between the ranks; wrap the model before training with model = fleet.distributed_model\(model\) "
+            r"\(or paddle.DataParallel\(model\)\) and call the wrapper, or train with step = "
             r"fleet.train_step\(model, loss_fn, opt\) \(docs/dygraph.md\)", result["unwrapped_eager_step"])
     assert jobs[1][0]["unwrapped_eager_step"] is None          # one rank: nothing to synchronise
 
