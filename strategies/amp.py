@@ -9,7 +9,7 @@ casts, so backward differentiates them and parameters stay the float32 master co
   if all its float inputs already are (Paddle's O1 promotion). The lists are Paddle's
   (`paddle.amp.amp_lists`) plus custom_white_list / custom_black_list, in legacy or PIR names.
 - O2 (use_pure_fp16 / use_pure_bf16): every op runs low but the black list; with
-  use_fp16_guard, only ops built under `fleetlite.compile.mixed_precision.fp16_guard()` (Paddle 3's own
+  use_fp16_guard, only ops built under `fleetlite.fp16_guard()` (Paddle 3's own
   fp16_guard leaves no mark on PIR ops).
 - Always float32: ops that read a value named in custom_black_varnames, in-place ops (a cast
   operand would receive the write: batch_norm_ would stop updating its running statistics), and
@@ -172,8 +172,7 @@ class Amp(Pass):
         white, black = op_lists(configs)
         guarded = amp_level == "O2" and configs.use_fp16_guard
         if guarded and not any(op.has_attr(mixed_precision.FP16_GUARD) for op in ops):
-            raise CompileError("use_fp16_guard is on but no op was built under "
-                               "fleetlite.compile.mixed_precision.fp16_guard() "
+            raise CompileError("use_fp16_guard is on but no op was built under fleetlite.fp16_guard() "
                                "(Paddle 3's paddle.static.amp.fp16_guard leaves no mark on PIR ops); wrap the ops "
                                "to run in low precision, or set amp_configs.use_fp16_guard: false")
         black_values, loss_ops = set(configs.custom_black_varnames), loss_computation(loss)

@@ -15,10 +15,9 @@ import numpy as np
 import paddle
 import pytest
 
-from fleetlite import CompileError, DistributedStrategy, StrategyConflictError, Topology, cli
+from fleetlite import CompileError, DistributedStrategy, StrategyConflictError, Topology, cli, fp16_guard
 from fleetlite.compile import compiler, mixed_precision, program_edit
 from fleetlite.runtime import training_program
-from fleetlite.compile.mixed_precision import fp16_guard
 from support.isolated import isolated
 from support.multiprocess import run_job
 from support.models import backward_program
@@ -207,7 +206,7 @@ def test_o2_with_the_fp16_guard_runs_only_the_guarded_ops_low():
 
 def test_o2_with_the_fp16_guard_and_no_guarded_op_is_an_error():
     with pytest.raises(CompileError, match=r"use_fp16_guard is on but no op was built under "
-                                           r"fleetlite.compile.mixed_precision.fp16_guard\(\)"):
+                                           r"fleetlite.fp16_guard\(\)"):
         compile_amp(dtype="bfloat16", use_pure_fp16=True)
 
 
