@@ -17,7 +17,8 @@ casts, so backward differentiates them and parameters stay the float32 master co
   e.g. cross_entropy and mean), so the loss the user fetches keeps its dtype and its gradient
   starts in float32 (Paddle has no bfloat16 cross_entropy_with_softmax_grad on CPU).
 - bfloat16 on CPU: refused where the CPU has no AVX512-BF16 (Paddle's bfloat16 CPU kernels are
-  oneDNN's and need it: the program would build, then die at its first run); elsewhere every low
+  oneDNN's and need it: the program would build, then die at its first run; explaining the job
+  only warns, as it may run on other CPUs); elsewhere every low
   matmul (and prelu) is asked for all its gradients (mixed_precision explains the oneDNN crash
   this avoids), and compile refuses a program whose backward still lacks one.
 With float16, the pass creates the loss scale (persistable, init_loss_scaling) and backward
@@ -106,9 +107,9 @@ def check_amp_configs(strategy, topology):
                                     fix="list each op in one of custom_white_list, custom_black_list")
     if topology is not None and on_onednn(low_dtype(configs), topology) and not mixed_precision.cpu_has_bfloat16():
         field = "amp_configs.use_pure_bf16" if configs.use_pure_bf16 else "amp_configs.dtype"
-        raise StrategyConflictError(f"{field} asks for bfloat16 ops on CPU, and Paddle's CPU bfloat16 kernels (oneDNN) "
-                                    f"need AVX512-BF16, which this CPU lacks", field=field,
-                                    fix="train in float32 (amp: false), or on a CPU with AVX512-BF16")
+        mixed_precision.lacks_on_this_cpu(StrategyConflictError(
+            f"{field} asks for bfloat16 ops on CPU, and Paddle's CPU bfloat16 kernels (oneDNN) need AVX512-BF16, "
+            f"which this CPU lacks", field=field, fix="train in float32 (amp: false), or on a CPU with AVX512-BF16"))
 
 
 @dataclass

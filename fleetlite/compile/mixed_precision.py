@@ -20,6 +20,7 @@ dies with SIGSEGV in `DenseTensor::operator=`. `ask_for_every_gradient` routes a
 backward; `missing_gradients` finds any case left after it (an operand in the user's no_grad_set).
 """
 import contextlib
+import sys
 
 import paddle
 
@@ -40,6 +41,37 @@ def fp16_guard():
     for op in block.ops:
         if op.id() not in existing:
             op.set_bool_attr(FP16_GUARD, True)
+
+
+_explaining = []        # non-empty while a job is explained rather than run here
+_warned = set()
+
+
+@contextlib.contextmanager
+def explaining():
+    """While a job is explained (`fleetlite explain`, `fleetrun --explain`) it may run on other
+    machines: what this CPU lacks is then a warning, not a refusal (see lacks_on_this_cpu)."""
+    _explaining.append(True)
+    try:
+        yield
+    finally:
+        _explaining.pop()
+
+
+def explain_for_the_rest_of_the_process():
+    """`fleetrun --explain`'s worker only explains, from fleet.init to the report: explaining() for good."""
+    _explaining.append(True)
+
+
+def lacks_on_this_cpu(error):
+    """Raise `error` (a capability of this CPU the job needs), or under explaining() print it once
+    to stderr as a warning: the explained job may run on CPUs that have it."""
+    if not _explaining:
+        raise error
+    if str(error) not in _warned:
+        _warned.add(str(error))
+        print(f"fleetlite: warning: {error} (this machine only explains the job; it refuses to train it)",
+              file=sys.stderr, flush=True)
 
 
 def cpu_has_bfloat16():

@@ -8,6 +8,7 @@ so the float16 recipe black-lists them and white-lists pool2d; the loss-scaling 
 float32 either way.
 """
 import json
+import os
 import re
 from pathlib import Path
 
@@ -15,10 +16,11 @@ import numpy as np
 import paddle
 import pytest
 
+import fleetlite
 from fleetlite import CompileError, DistributedStrategy, StrategyConflictError, Topology, cli, fp16_guard
 from fleetlite.compile import compiler, mixed_precision, program_edit
 from fleetlite.runtime import training_program
-from support.isolated import isolated
+from support.isolated import isolated, run as isolated_run
 from support.multiprocess import run_job
 from support.models import backward_program
 from support import in_process
@@ -246,16 +248,41 @@ def test_bfloat16_on_a_cpu_without_avx512_bf16_is_refused_at_compile_not_at_the_
     assert report.record("amp").details["dtype"] == "bfloat16" and "bfloat16" in dtypes(main, "pd_op.matmul")
 
 
-def test_explain_refuses_bfloat16_for_a_cpu_job_on_a_cpu_without_avx512_bf16(monkeypatch, capsys, tmp_path):
-    """`fleetlite strategy validate` has no device to check against (it says ok); `explain` has one."""
+def test_explain_only_warns_about_bfloat16_for_a_cpu_job_on_a_cpu_without_avx512_bf16(monkeypatch, capsys, tmp_path):
+    """The explained job may run on CPUs with AVX512-BF16: `fleetlite explain` warns in one line and
+    prints the bfloat16 report; compiling to train here still refuses (the test above)."""
     monkeypatch.setattr(mixed_precision, "cpu_has_bfloat16", lambda: False)
     strategy = tmp_path / "bf16.yaml"
     amp_strategy(use_pure_bf16=True, use_fp16_guard=False).save(strategy)
-    assert cli.main(["explain", "--strategy", str(strategy)]) == 2
-    (line,) = capsys.readouterr().err.splitlines()
-    assert re.match(f"fleetlite: error: amp_configs.use_pure_bf16 {NO_AVX512_BF16}", line), line
-    assert cli.main(["explain", "--strategy", str(strategy), "--device", "gpu"]) == 0
+    assert cli.main(["explain", "--strategy", str(strategy), "--json"]) == 0
+    out, err = capsys.readouterr()
+    (line,) = [line for line in err.splitlines() if "fleetlite" in line]
+    assert re.match(f"fleetlite: warning: amp_configs.use_pure_bf16 {NO_AVX512_BF16[:-1]} \\(this machine only "
+                    f"explains the job; it refuses to train it\\)$", line), line
+    assert json.loads(out)["records"][0]["details"]["dtype"] == "bfloat16"
+    with pytest.raises(StrategyConflictError, match=NO_AVX512_BF16):     # the warning ends with explain
+        guarded_mlp(amp_strategy(use_pure_bf16=True, use_fp16_guard=False), CPU_2)
     assert cli.main(["strategy", "validate", str(strategy)]) == 0
+
+
+def _explained_bfloat16_init(environ):
+    """In the child: fleet.init under fleetrun --explain's environment, on a CPU without AVX512-BF16."""
+    import contextlib
+    import io
+    os.environ.update(environ)
+    mixed_precision.cpu_has_bfloat16 = lambda: False
+    paddle.enable_static()
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        fleetlite.init(is_collective=True, strategy=amp_strategy(use_pure_bf16=True, use_fp16_guard=False))
+        fleetlite.distributed_optimizer(paddle.optimizer.SGD(0.1))
+    assert stderr.getvalue().count("fleetlite: warning: amp_configs.use_pure_bf16 asks for bfloat16") == 1, stderr.getvalue()
+
+
+def test_fleetrun_explain_only_warns_about_bfloat16_on_this_cpu():
+    environ = {"FLEETLITE_EXPLAIN_ONLY": "1", "PADDLE_TRAINER_ID": "0", "PADDLE_TRAINERS_NUM": "2",
+               "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:6170,127.0.0.1:6171", "PADDLE_CURRENT_ENDPOINT": "127.0.0.1:6170"}
+    isolated_run(_explained_bfloat16_init, [environ], timeout=120)
 
 
 def test_optimizer_state_in_float16_is_refused_not_ignored():
