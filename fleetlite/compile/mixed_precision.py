@@ -74,6 +74,20 @@ def lacks_on_this_cpu(error):
               file=sys.stderr, flush=True)
 
 
+def without_cpu_float16(names):
+    """Of these op names (PIR, without dialect), those this Paddle runs on CPU but not in float16
+    (forward or gradient kernel): Paddle refuses to build the backward of such a float16 op
+    (`TypeError: (InvalidType) ... matmul_grad ... float16`). Read from Paddle's kernel registry, so
+    a later Paddle with float16 CPU kernels is refused nothing."""
+    kernels = paddle.base.core._get_registered_phi_kernels("function")
+
+    def on_cpu(kernel, dtype=""):
+        return any(key.startswith("(CPU") and key.endswith(f"{dtype})") for key in kernels.get(kernel, ()))
+
+    return sorted({name for name in names if any(on_cpu(kernel) and not on_cpu(kernel, " float16")
+                                                 for kernel in (name, f"{name}_grad"))})
+
+
 def cpu_has_bfloat16():
     """Whether this CPU runs Paddle's bfloat16 kernels: they are oneDNN's, which need AVX512-BF16
     (on an AVX2-only CPU a bfloat16 program builds, then its first run dies in oneDNN). A function

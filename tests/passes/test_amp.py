@@ -136,10 +136,42 @@ def test_a_float16_gpu_program_is_not_built_on_a_cpu_build_of_paddle():
     assert report.record("amp_loss_scaling").reason.startswith("needs amp, which was skipped")
 
 
-@pytest.mark.skipif(paddle.is_compiled_with_cuda(), reason="a GPU build has float16 matmul kernels")
-def test_paddles_refusal_to_differentiate_float16_ops_names_the_rewrite():
-    with pytest.raises(CompileError, match=r"backward of the forward as amp rewrote it failed: .*matmul_grad"):
-        compile_amp()
+CPU_RECIPE = (r"the CPU recipe of docs/knobs/amp.md: custom_black_list: \[matmul, conv2d, relu, elementwise_add, "
+              r"flatten\], custom_white_list: \[pool2d\]")
+
+
+@pytest.mark.parametrize("configs, field", [({}, "amp_configs.dtype"),
+                                            ({"use_pure_fp16": True, "use_fp16_guard": False}, "amp_configs.use_pure_fp16")],
+                         ids=["O1 default lists", "O2"])
+def test_float16_with_matmul_low_on_cpu_is_refused_at_validate_naming_the_cpu_recipe(configs, field):
+    """It passed validate, then compile failed building backward (matmul_grad has no float16 CPU kernel)."""
+    message = (f"^{field} asks for float16 matmul ops on CPU, and Paddle's CPU build has no float16 matmul kernel "
+               f"\\(compile would fail building backward\\); keep the compute ops in float32 with {CPU_RECIPE}; "
+               f"or amp: false$")
+    with pytest.raises(StrategyConflictError, match=message) as refused:
+        amp_strategy(**configs).validate(CPU_2)             # what fleet.init and distributed_optimizer run
+    assert refused.value.field == field
+    amp_strategy(**configs).validate(GPU_32)
+    amp_strategy(**RECIPE).validate(CPU_2)
+
+
+@pytest.mark.parametrize("model, configs, ops", [
+    ("convbn", {"custom_black_list": ["matmul"]}, "conv2d"),                      # the recipe without conv2d
+    ("mlp", {"custom_black_list": ["matmul", "relu"], "custom_white_list": ["add"]}, "add"),
+], ids=["conv2d white", "add white"])
+def test_float16_ops_without_a_cpu_kernel_are_refused_before_backward(model, configs, ops):
+    with pytest.raises(CompileError, match=f"^in pass amp: amp runs {ops} in float16 on CPU, and Paddle's CPU build has no "
+                                           f"float16 kernel for them \\(backward could not be built\\): keep them "
+                                           f"in float32 with amp_configs.custom_black_list \\({CPU_RECIPE}\\), "
+                                           f"or amp: false$"):
+        compile_amp(model=model, **configs)
+
+
+def test_guarded_float16_matmuls_on_cpu_are_refused_at_compile():
+    """O2 with the guard: which ops run low is known only once the program is built."""
+    amp_strategy(use_pure_fp16=True).validate(CPU_2)
+    with pytest.raises(CompileError, match=r"^in pass amp: amp runs add, matmul, relu in float16 on CPU"):
+        guarded_mlp(amp_strategy(use_pure_fp16=True), CPU_2)
 
 
 def test_one_rank_skips_the_agreement_but_not_the_scaling():
