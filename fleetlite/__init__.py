@@ -20,7 +20,8 @@ _LAZY = {"DistributedStrategy": "fleetlite.strategy.distributed_strategy",
          "BuildStrategy": "fleetlite.strategy.distributed_strategy",
          "ExecutionStrategy": "fleetlite.strategy.distributed_strategy", "Topology": "fleetlite.topology.topology",
          "PaddleCloudRoleMaker": "fleetlite.base.role_maker", "Role": "fleetlite.base.role_maker",
-         "UserDefinedRoleMaker": "fleetlite.base.role_maker"}
+         "UserDefinedRoleMaker": "fleetlite.base.role_maker",
+         "fp16_guard": "fleetlite.compile.mixed_precision"}   # as paddle.static.amp.fp16_guard
 # Public modules by their documented name (`fleet.topk.mstopk(x, k)`), wherever their file lives.
 _MODULES = {"topk": "fleetlite.topk"}
 _API = ("init", "distributed_optimizer", "DistributedOptimizer", "worker_index", "worker_num",

@@ -16,7 +16,7 @@ import sys
 
 import paddle
 
-from fleetlite.compile import bucket_views
+from fleetlite.compile import bucket_views, mixed_precision
 from fleetlite.base.role_maker import PaddleCloudRoleMaker, RoleMakerBase
 from fleetlite.errors import FleetliteError, ForeignLauncherError, StrategyConflictError
 from fleetlite.runtime import (checkpoint, distributed_scaler as scaler_vote, eager_data_parallel,
@@ -51,6 +51,8 @@ def init(role_maker=None, is_collective=True, strategy=None, log_level=None):
             f"fleetlite's role makers (fleet.PaddleCloudRoleMaker(is_collective=True) or "
             f"fleet.UserDefinedRoleMaker(...), with `import fleetlite as fleet`)")
     topology = role_maker.topology(os.environ)
+    if explain_only():
+        mixed_precision.explain_for_the_rest_of_the_process()
     if strategy is not None:
         strategy.validate(topology)
     if not explain_only():

@@ -63,7 +63,9 @@ def explain(args):
     from fleetlite.paddle_compat import quiet_warnings as paddle_noise
     with paddle_noise.importing_paddle():     # Paddle is imported only once the input is good
         from fleetlite.runtime.explain_strategy import explain as compile_report
-    report = compile_report(strategy, topology, args.model)
+        from fleetlite.compile import mixed_precision
+    with mixed_precision.explaining():
+        report = compile_report(strategy, topology, args.model)
     print(report.to_json() if args.json else report.table())
 
 

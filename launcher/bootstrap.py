@@ -107,6 +107,7 @@ def _wait_for_store_first(distributed, port):
 
 def instrument_paddle(paddle, environ):
     termination.quiet_sigterm()
+    paddle_noise.spend_the_out_tensor_line(paddle)
     progress_file = environ.get(env_contract.PROGRESS_FILE)
     if progress_file:
         progress = worker_records.ProgressWriter(progress_file)

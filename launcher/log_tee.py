@@ -3,20 +3,16 @@
 The worker writes straight to its file; this thread follows the file. fleetrun is never in the
 worker's output path, so a stopped or slow console cannot block a worker, and the log is
 complete even when fleetrun dies. Lines are split on bytes (a newline never sits inside a
-UTF-8 character), so no character is cut in two. Lines that hold one of `drop` (Paddle's
-start-up glog noise, see fleetlite.paddle_compat.quiet_warnings) stay in the file only.
+UTF-8 character), so no character is cut in two.
 """
 import threading
-
-from fleetlite.paddle_compat.quiet_warnings import CONSOLE_DROPPED
 
 POLL_INTERVAL_S = 0.1
 
 
 class LogTee:
-    def __init__(self, path, offset, prefix, out, poll_interval=POLL_INTERVAL_S, drop=CONSOLE_DROPPED):
+    def __init__(self, path, offset, prefix, out, poll_interval=POLL_INTERVAL_S):
         self._path, self._offset, self._prefix = path, offset, prefix.encode()
-        self._drop = tuple(text.encode() for text in drop)
         self._out, self._poll_interval = out, poll_interval
         self._pending = b""
         self._done = threading.Event()
@@ -29,8 +25,7 @@ class LogTee:
     def _emit(self, data):
         *lines, self._pending = (self._pending + data).split(b"\n")
         for line in lines:
-            if not any(text in line for text in self._drop):
-                self._out.write(self._prefix + line + b"\n")
+            self._out.write(self._prefix + line + b"\n")
         if lines:
             self._out.flush()
 

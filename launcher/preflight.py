@@ -46,16 +46,22 @@ def check_script(script):
         raise LaunchError(f"script not found: {script} (relative to {os.getcwd()})")
 
 
+IPV4_ONLY = ("is an IPv6 address: fleetrun builds IPv4 endpoints (host:port) only; list the host by its "
+             "IPv4 address, or by a name that resolves to one")
+
+
 def _host_syntax_problem(host):
-    """Why `host` is neither an IPv4/IPv6 address nor a hostname (RFC 1123), or None."""
-    if _address(host):
-        return None
+    """Why `host` is neither an IPv4 address nor a hostname (RFC 1123), or None. IPv6 is refused:
+    endpoints are written host:port, which an IPv6 address would need brackets for, end to end."""
+    address = _address(host)
+    if address:
+        return IPV4_ONLY if address.version == 6 else None
     if re.fullmatch(r"[0-9.]+", host):   # resolvers would read "10.0.0" as 10.0.0.0
         return "is not a valid IPv4 address: write four numbers 0-255 without leading zeros, like 10.0.0.1"
     if re.fullmatch(r"[^:]+:[0-9]*", host):
         return "has a port: --ips lists hosts only; rank 0's store port is --start_port"
     if ":" in host:
-        return "is not a valid IPv6 address: write it without brackets or port, like fe80::1"
+        return IPV4_ONLY.replace("is an", "looks like an", 1)
     if any(c.isspace() for c in host):
         return "contains a space: separate hosts with commas only"
     labels = (host[:-1] if host.endswith(".") else host).split(".")
@@ -68,7 +74,7 @@ def _host_syntax_problem(host):
 
 
 def _look_up(name):
-    socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    socket.getaddrinfo(name, None, family=socket.AF_INET, type=socket.SOCK_STREAM)   # IPv4 only, as endpoints
 
 
 def _lookup_failures(names, lookup, timeout):
@@ -96,7 +102,7 @@ def _lookup_failures(names, lookup, timeout):
 
 
 def check_hosts(hosts, flag="--ips", lookup=_look_up, timeout=HOST_LOOKUP_TIMEOUT_S):
-    """Every host must be an IPv4/IPv6 address or a hostname that resolves, before anything
+    """Every host must be an IPv4 address or a hostname that resolves to one, before anything
     starts: a malformed entry would otherwise be handed to the workers as an endpoint.
 
     Addresses are taken as written and names are only looked up (no traffic goes to any host),

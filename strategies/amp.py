@@ -9,15 +9,20 @@ casts, so backward differentiates them and parameters stay the float32 master co
   if all its float inputs already are (Paddle's O1 promotion). The lists are Paddle's
   (`paddle.amp.amp_lists`) plus custom_white_list / custom_black_list, in legacy or PIR names.
 - O2 (use_pure_fp16 / use_pure_bf16): every op runs low but the black list; with
-  use_fp16_guard, only ops built under `fleetlite.compile.mixed_precision.fp16_guard()` (Paddle 3's own
+  use_fp16_guard, only ops built under `fleetlite.fp16_guard()` (Paddle 3's own
   fp16_guard leaves no mark on PIR ops).
 - Always float32: ops that read a value named in custom_black_varnames, in-place ops (a cast
   operand would receive the write: batch_norm_ would stop updating its running statistics), and
   the loss computation (`loss_computation`: the ops after the last one that reads a parameter,
   e.g. cross_entropy and mean), so the loss the user fetches keeps its dtype and its gradient
   starts in float32 (Paddle has no bfloat16 cross_entropy_with_softmax_grad on CPU).
+- float16 on CPU: Paddle's CPU build has float16 kernels for few ops (pool2d, cast, ...) and
+  cannot build the backward of the others; refused when matmul stays low (validate: every model
+  has one), and any other low op without a float16 CPU kernel is refused before backward, both
+  naming the CPU recipe of docs/knobs/amp.md.
 - bfloat16 on CPU: refused where the CPU has no AVX512-BF16 (Paddle's bfloat16 CPU kernels are
-  oneDNN's and need it: the program would build, then die at its first run); elsewhere every low
+  oneDNN's and need it: the program would build, then die at its first run; explaining the job
+  only warns, as it may run on other CPUs); elsewhere every low
   matmul (and prelu) is asked for all its gradients (mixed_precision explains the oneDNN crash
   this avoids), and compile refuses a program whose backward still lacks one.
 With float16, the pass creates the loss scale (persistable, init_loss_scaling) and backward
@@ -104,11 +109,34 @@ def check_amp_configs(strategy, topology):
         raise StrategyConflictError(f"amp_configs lists {', '.join(both)} as both white (low precision) "
                                     f"and black (float32)", field="amp_configs.custom_black_list",
                                     fix="list each op in one of custom_white_list, custom_black_list")
+    if topology is not None and topology.device == "cpu" and low_dtype(configs) == "float16":
+        _refuse_float16_matmul_on_cpu(configs)
     if topology is not None and on_onednn(low_dtype(configs), topology) and not mixed_precision.cpu_has_bfloat16():
         field = "amp_configs.use_pure_bf16" if configs.use_pure_bf16 else "amp_configs.dtype"
-        raise StrategyConflictError(f"{field} asks for bfloat16 ops on CPU, and Paddle's CPU bfloat16 kernels (oneDNN) "
-                                    f"need AVX512-BF16, which this CPU lacks", field=field,
-                                    fix="train in float32 (amp: false), or on a CPU with AVX512-BF16")
+        mixed_precision.lacks_on_this_cpu(StrategyConflictError(
+            f"{field} asks for bfloat16 ops on CPU, and Paddle's CPU bfloat16 kernels (oneDNN) need AVX512-BF16, "
+            f"which this CPU lacks", field=field, fix="train in float32 (amp: false), or on a CPU with AVX512-BF16"))
+
+
+CPU_RECIPE = ("the CPU recipe of docs/knobs/amp.md: custom_black_list: [matmul, conv2d, relu, elementwise_add, "
+              "flatten], custom_white_list: [pool2d]")
+# Every model's Linear layers (a classifier's head at least) are matmuls: what the lists leave low
+# of it is refused before a program exists; other ops are checked on the program (Amp.apply).
+EVERY_MODEL_RUNS = "matmul"
+
+
+def _refuse_float16_matmul_on_cpu(configs):
+    """float16 on CPU with matmul left low: Paddle's CPU build has no float16 matmul kernel, so
+    compile would fail building backward. Refused where bfloat16 without AVX512-BF16 is."""
+    white, black = op_lists(configs)
+    guarded = level(configs) == "O2" and configs.use_fp16_guard     # which ops run low: known at compile
+    runs_low = EVERY_MODEL_RUNS in white if level(configs) == "O1" else EVERY_MODEL_RUNS not in black and not guarded
+    if runs_low and mixed_precision.without_cpu_float16([EVERY_MODEL_RUNS]):
+        field = "amp_configs.use_pure_fp16" if configs.use_pure_fp16 else "amp_configs.dtype"
+        raise StrategyConflictError(
+            f"{field} asks for float16 matmul ops on CPU, and Paddle's CPU build has no float16 matmul kernel "
+            f"(compile would fail building backward)", field=field,
+            fix=f"keep the compute ops in float32 with {CPU_RECIPE}; or amp: false")
 
 
 @dataclass
@@ -141,6 +169,12 @@ class Amp(Pass):
         ops = list(context.block.ops)
         low_ops, casts = mixed_precision.cast_forward(context, ops, getattr(paddle, dtype),
                                                       self._precision_rule(configs, ops, context.loss))
+        if dtype == "float16" and context.topology.device == "cpu":
+            no_kernel = mixed_precision.without_cpu_float16({mixed_precision.name_of(op) for op in low_ops})
+            if no_kernel:
+                raise CompileError(f"amp runs {', '.join(no_kernel)} in float16 on CPU, and Paddle's CPU build has "
+                                   f"no float16 kernel for them (backward could not be built): keep them in "
+                                   f"float32 with amp_configs.custom_black_list ({CPU_RECIPE}), or amp: false")
         details = {"dtype": dtype, "level": amp_level, "casts": casts,
                    "low_ops": dict(collections.Counter(mixed_precision.name_of(op) for op in low_ops))}
         if on_onednn(dtype, context.topology):
@@ -172,8 +206,7 @@ class Amp(Pass):
         white, black = op_lists(configs)
         guarded = amp_level == "O2" and configs.use_fp16_guard
         if guarded and not any(op.has_attr(mixed_precision.FP16_GUARD) for op in ops):
-            raise CompileError("use_fp16_guard is on but no op was built under "
-                               "fleetlite.compile.mixed_precision.fp16_guard() "
+            raise CompileError("use_fp16_guard is on but no op was built under fleetlite.fp16_guard() "
                                "(Paddle 3's paddle.static.amp.fp16_guard leaves no mark on PIR ops); wrap the ops "
                                "to run in low precision, or set amp_configs.use_fp16_guard: false")
         black_values, loss_ops = set(configs.custom_black_varnames), loss_computation(loss)

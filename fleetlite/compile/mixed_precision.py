@@ -20,6 +20,7 @@ dies with SIGSEGV in `DenseTensor::operator=`. `ask_for_every_gradient` routes a
 backward; `missing_gradients` finds any case left after it (an operand in the user's no_grad_set).
 """
 import contextlib
+import sys
 
 import paddle
 
@@ -40,6 +41,51 @@ def fp16_guard():
     for op in block.ops:
         if op.id() not in existing:
             op.set_bool_attr(FP16_GUARD, True)
+
+
+_explaining = []        # non-empty while a job is explained rather than run here
+_warned = set()
+
+
+@contextlib.contextmanager
+def explaining():
+    """While a job is explained (`fleetlite explain`, `fleetrun --explain`) it may run on other
+    machines: what this CPU lacks is then a warning, not a refusal (see lacks_on_this_cpu)."""
+    _explaining.append(True)
+    try:
+        yield
+    finally:
+        _explaining.pop()
+
+
+def explain_for_the_rest_of_the_process():
+    """`fleetrun --explain`'s worker only explains, from fleet.init to the report: explaining() for good."""
+    _explaining.append(True)
+
+
+def lacks_on_this_cpu(error):
+    """Raise `error` (a capability of this CPU the job needs), or under explaining() print it once
+    to stderr as a warning: the explained job may run on CPUs that have it."""
+    if not _explaining:
+        raise error
+    if str(error) not in _warned:
+        _warned.add(str(error))
+        print(f"fleetlite: warning: {error} (this machine only explains the job; it refuses to train it)",
+              file=sys.stderr, flush=True)
+
+
+def without_cpu_float16(names):
+    """Of these op names (PIR, without dialect), those this Paddle runs on CPU but not in float16
+    (forward or gradient kernel): Paddle refuses to build the backward of such a float16 op
+    (`TypeError: (InvalidType) ... matmul_grad ... float16`). Read from Paddle's kernel registry, so
+    a later Paddle with float16 CPU kernels is refused nothing."""
+    kernels = paddle.base.core._get_registered_phi_kernels("function")
+
+    def on_cpu(kernel, dtype=""):
+        return any(key.startswith("(CPU") and key.endswith(f"{dtype})") for key in kernels.get(kernel, ()))
+
+    return sorted({name for name in names if any(on_cpu(kernel) and not on_cpu(kernel, " float16")
+                                                 for kernel in (name, f"{name}_grad"))})
 
 
 def cpu_has_bfloat16():

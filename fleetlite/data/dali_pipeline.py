@@ -13,9 +13,13 @@ For evaluation the crop is a resize of the shorter side and a centre crop, witho
 - CPU: the same operators with device "cpu" and `device_id=None`, fed through `DaliBatches`,
   which runs the pipeline and hands numpy arrays to the executor.
 
-Every rank runs the same number of steps: `equal_batches` "pad" fills the last batch with
-repeats of the shard's last sample (DALI's FILL), "drop" keeps only full batches of the
-smallest shard, "error" refuses shards of different sizes.
+In training every rank runs the same number of steps: `equal_batches` "pad" fills the last batch
+with repeats of the shard's last sample (DALI's FILL), "drop" keeps only full batches of the
+smallest shard, "error" refuses shards of different sizes. Evaluation (`training=False`) has its
+own rule, whatever equal_batches says: every sample exactly once over the ranks (the reader's
+padding is cut off: DaliEvaluationBatches on CPU, DALI's PARTIAL policy on GPU), so a metric
+summed over the ranks counts each sample once; ranks may then run one batch fewer, which
+evaluation (no collective per step) allows.
 """
 from fleetlite.data.distributed import equal_batches_policy, equal_shard_size
 from fleetlite.data.image_transforms import IMAGENET_MEAN, IMAGENET_STD
@@ -111,13 +115,43 @@ class DaliBatches:
                 yield [images.as_array(), labels.as_array().astype("int64").reshape(-1, 1)]
 
 
-def gpu_batches(pipeline, equal_batches=None):
-    """The GPU path: DALI's Paddle iterator over the rank's pipeline (needs a GPU)."""
+class DaliEvaluationBatches:
+    """The CPU path in evaluation: this rank's shard, every sample once, in list order. The reader
+    pads every shard to the same number of batches (pad_last_batch); those repeats are cut off, so
+    the last batch may be smaller and a smaller shard may yield one batch fewer."""
+
+    def __init__(self, pipeline, dataset_size, num_shards, shard_id):
+        self.pipeline = pipeline
+        self.batch_size = pipeline.max_batch_size
+        sizes = shard_sizes(dataset_size, num_shards)
+        self.samples = sizes[shard_id]
+        self.runs = -(-max(sizes) // self.batch_size)       # iterations DALI makes per epoch (pad_last_batch)
+
+    def __len__(self):
+        return -(-self.samples // self.batch_size)
+
+    def __iter__(self):
+        left = self.samples
+        for _ in range(self.runs):             # the whole epoch, so the next one starts at the shard's head
+            images, labels = self.pipeline.run()
+            if left > 0:
+                take = min(left, self.batch_size)
+                yield [images.as_array()[:take], labels.as_array()[:take].astype("int64").reshape(-1, 1)]
+                left -= take
+
+
+def gpu_batches(pipeline, equal_batches=None, training=True):
+    """The GPU path: DALI's Paddle iterator over the rank's pipeline (needs a GPU). Evaluation
+    takes the PARTIAL policy: the reader's padding is dropped, every sample seen once."""
     from nvidia.dali.plugin.base_iterator import LastBatchPolicy
     from nvidia.dali.plugin.paddle import DALIGenericIterator
 
     policy = equal_batches_policy(equal_batches)
-    if policy == "error":
+    if not training:
+        last_batch = LastBatchPolicy.PARTIAL
+    elif policy == "error":
         raise DataError("equal_batches='error' is not available with DALI's GPU iterator: use 'pad' or 'drop'")
+    else:
+        last_batch = LastBatchPolicy.FILL if policy == "pad" else LastBatchPolicy.DROP
     return DALIGenericIterator([pipeline], list(OUTPUTS), reader_name=READER, auto_reset=True,
-                               last_batch_policy=LastBatchPolicy.FILL if policy == "pad" else LastBatchPolicy.DROP)
+                               last_batch_policy=last_batch)

@@ -12,7 +12,9 @@ classification set for this rank, from the loader and cache levels `data_configs
   operators fed from the cache (dali_augmentation.py), read ahead by the prefetch thread.
 All yield [images float32 NCHW, labels int64 N x 1], ready for `exe.run(feed=...)`, normalized by
 ImageNet's mean and std in training and evaluation (`training=False`: the `crop` x `crop` centre
-of the image resized to `resize` on its shorter side).
+of the image resized to `resize` on its shorter side). Evaluation sees every sample exactly once
+over the ranks, whatever `equal_batches` says (EvalBatchSampler; on the DALI reader path the
+reader's padding is cut off), so metrics summed over the ranks count each sample once.
 """
 import functools
 import numbers
@@ -23,9 +25,9 @@ import numpy as np
 from fleetlite.data import running_job as job, settings
 from fleetlite.data.cached_samples import CachedSamples
 from fleetlite.data.dali_augmentation import DaliAugmentation
-from fleetlite.data.dali_pipeline import DaliBatches, gpu_batches, image_pipeline
+from fleetlite.data.dali_pipeline import DaliBatches, DaliEvaluationBatches, gpu_batches, image_pipeline
 from fleetlite.data.disk_cache import cache_dir_errors, make_cache_dir
-from fleetlite.data.distributed import DistributedBatchSampler
+from fleetlite.data.distributed import DistributedBatchSampler, EvalBatchSampler
 from fleetlite.data.epoch_sampler import check_batch_size
 from fleetlite.data.image_transforms import augment_image, centre_crop_image, decode_image
 from fleetlite.data.node_partition import NodePartitionBatchSampler
@@ -146,8 +148,14 @@ def image_loader(images, strategy=None, batch_size=None, *, crop=224, resize=256
                             functools.partial(decode_image, size=resize), augment,
                             levels=config.cache_levels, cache_dir=config.cache_dir,
                             memory_bytes=config.memory_cache_MB << 20, seed=seed)
-    sampler_type = NodePartitionBatchSampler if config.cache_levels else DistributedBatchSampler
-    sampler = sampler_type(dataset, batch_size, shuffle=training, seed=seed, equal_batches=config.equal_batches)
+    if not training:                   # evaluation's own rule: every sample once, no padding
+        sampler = EvalBatchSampler(dataset, batch_size)
+    elif config.cache_levels:
+        sampler = NodePartitionBatchSampler(dataset, batch_size, shuffle=True, seed=seed,
+                                            equal_batches=config.equal_batches)
+    else:
+        sampler = DistributedBatchSampler(dataset, batch_size, shuffle=True, seed=seed,
+                                          equal_batches=config.equal_batches)
     if config.loader == "paddle":
         return PrefetchLoader(dataset, sampler, prefetch)
     here = job.topology()
@@ -181,6 +189,8 @@ def _dali_batches(images, root, names, labels, config, batch_size, crop, resize,
                               device="gpu" if gpu else "cpu", device_id=here.device_id, crop=crop, resize=resize,
                               training=training, num_threads=num_threads, seed=seed)
     if gpu:
-        return gpu_batches(pipeline, config.equal_batches)
+        return gpu_batches(pipeline, config.equal_batches, training)
     pipeline.build()
+    if not training:
+        return DaliEvaluationBatches(pipeline, len(names), here.world_size, here.rank)
     return DaliBatches(pipeline, len(names), here.world_size, config.equal_batches)

@@ -25,7 +25,11 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".
 
 
 def digits_samples():
-    from sklearn.datasets import load_digits
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise DataError("--digits reads scikit-learn's embedded digits, and scikit-learn is not installed: "
+                        "pip install 'fleetlite[cpu]' (or 'fleetlite[examples]' beside a GPU Paddle)") from None
 
     digits = load_digits()
     for i, (image, label) in enumerate(zip(digits.images, digits.target)):

@@ -8,17 +8,21 @@ Three messages open every worker's log and none asks anything of the user:
 - "Paddle static graph(PIR) not support input out tensor": Paddle's Python API passes
   `out=None` to many ops (paddle.mean, add, multiply, softmax, ...: every cross_entropy loss),
   and the C++ binding logs this through glog once per process for any `out` keyword in static
-  mode, None included. fleetlite does not wrap Paddle's op bindings to hide it: the line stays
-  in the worker's log file, and fleetrun's console copy of the logs drops it (`CONSOLE_DROPPED`).
+  mode, None included. fleetlite does not wrap Paddle's op bindings to hide it:
+  `spend_the_out_tensor_line` (fleetrun's bootstrap calls it right after the script's
+  `import paddle`) builds one static op in a throwaway program while stderr points at
+  /dev/null, so glog's one line goes nowhere and the script's ops find it already logged.
 - "Tensor do not have 'place' interface for pir graph mode": Paddle's static backward seeds
   d(loss)/d(loss) with `full_like(loss)`, which asks the loss for its place; PIR values have
   none, and Paddle then uses the current place, as meant. `differentiating()` holds that one
   warning around fleetlite's call of the optimizer's backward.
 Every other warning passes untouched: each message is held only at the call that triggers it,
 never by a process-wide filter. This module imports nothing from Paddle (the bootstrap uses it
-before the script imports Paddle).
+before the script imports Paddle; `spend_the_out_tensor_line` is handed the module).
 """
 import contextlib
+import os
+import sys
 import warnings
 
 from fleetlite.paddle_compat.version_gate import needed
@@ -26,8 +30,6 @@ from fleetlite.paddle_compat.version_gate import needed
 CCACHE = "No ccache found"
 PLACE = "Tensor do not have 'place' interface for pir graph mode"
 EMPTY_OUT = "Paddle static graph(PIR) not support input out tensor"
-# worker log lines fleetrun's console does not show (the log files keep them)
-CONSOLE_DROPPED = (EMPTY_OUT,) if needed("out tensor glog line") else ()
 
 
 @contextlib.contextmanager
@@ -49,3 +51,33 @@ def differentiating():
     if not needed("place warning"):
         return contextlib.nullcontext()
     return _holding(PLACE)
+
+
+@contextlib.contextmanager
+def _stderr_to_nowhere():
+    """fd 2 (where glog writes) points at /dev/null inside; Python's pending stderr goes out first."""
+    sys.stderr.flush()
+    saved, nowhere = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(nowhere, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(nowhere)
+
+
+def spend_the_out_tensor_line(paddle):
+    """Have glog log its once-per-process EMPTY_OUT line where no one reads it: one static
+    `paddle.mean` in a throwaway program, stderr silenced, the static/dynamic mode restored."""
+    if not needed("out tensor glog line"):
+        return
+    was_dynamic = paddle.in_dynamic_mode()
+    paddle.enable_static()
+    try:
+        with _stderr_to_nowhere(), paddle.utils.unique_name.guard(), \
+                paddle.static.program_guard(paddle.static.Program(), paddle.static.Program()):
+            paddle.mean(paddle.static.data("fleetlite_out_tensor_line", [1], "float32"))
+    finally:
+        if was_dynamic:
+            paddle.disable_static()

@@ -10,7 +10,7 @@ from fleetlite.paddle_compat import version_check
 LAST_NEEDED = {
     "ccache warning": (3, 3),          # quiet_warnings.importing_paddle
     "place warning": (3, 3),           # quiet_warnings.differentiating
-    "out tensor glog line": (3, 3),    # quiet_warnings.CONSOLE_DROPPED (fleetrun's console only)
+    "out tensor glog line": (3, 3),    # quiet_warnings.spend_the_out_tensor_line
     "PIR value clip": (3, 3),          # value_clip.buildable
     "LR scheduler in the global scope": (3, 3),    # static_execution.static_mode
     "eager parameter list": (3, 3),    # static_execution.eager_parameters_hidden

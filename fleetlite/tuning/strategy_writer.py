@@ -8,6 +8,7 @@ file is validated before it replaces the original.
 """
 import io
 import os
+import stat
 from pathlib import Path
 
 from fleetlite.strategy import schema, files as strategy_files
@@ -16,6 +17,7 @@ from fleetlite.strategy.distributed_strategy import DistributedStrategy
 from fleetlite.tuning.space import nested_fields
 
 TABLE_PREFIX = "#| "
+_FIX = "make it writable, or tune a writable copy"
 
 
 def _without_table(text):
@@ -53,27 +55,46 @@ def _staged(path):
     return path.with_name(f".{path.name}.tuned{path.suffix}")
 
 
+def _writable_by_its_mode(path):
+    """Whether the file's mode bits let this user write it: os.access says yes to root for a 0444
+    file, and a file its owner made read-only is not the tuner's to rewrite."""
+    st = os.stat(path)
+    if st.st_uid == os.geteuid():
+        bit = stat.S_IWUSR
+    elif st.st_gid in (os.getegid(), *os.getgroups()):
+        bit = stat.S_IWGRP
+    else:
+        bit = stat.S_IWOTH
+    return bool(st.st_mode & bit) and os.access(path, os.W_OK)
+
+
+def _refuse_read_only(path):
+    if os.path.isfile(path) and not _writable_by_its_mode(path):
+        raise LaunchError(f"--strategy_file {path}: the file is read-only (mode {stat.S_IMODE(os.stat(path).st_mode):04o}), "
+                          f"so the tuner could not write the winner into it: {_FIX}")
+
+
 def check_writable(path):
     """Refuse a strategy file the winner could not be written into, before the search spends
-    its budget: the file must be writable and its folder must take the staged copy that
-    replaces it (tried for real, then removed, as permissions alone do not bind root)."""
+    its budget: the file must be writable by its mode bits (root included) and its folder must
+    take the staged copy that replaces it (tried for real, then removed, as permissions alone do
+    not bind root)."""
     path = Path(path)
-    fix = "make it writable, or tune a writable copy"
-    if os.path.isfile(path) and not os.access(path, os.W_OK):
-        raise LaunchError(f"--strategy_file {path}: the file is read-only, so the tuner could not write "
-                          f"the winner into it: {fix}")
+    _refuse_read_only(path)
     staged = _staged(path)
     try:
         staged.write_text("")
         staged.unlink()
     except OSError as exc:
         raise LaunchError(f"--strategy_file {path}: the tuner could not write the winner next to it "
-                          f"({exc.strerror}: {exc.filename}): {fix}") from None
+                          f"({exc.strerror}: {exc.filename}): {_FIX}") from None
 
 
 def write_winner(path, config, table_lines):
-    """Set `config`'s (field, value) pairs in the strategy file at `path` and append the table."""
+    """Set `config`'s (field, value) pairs in the strategy file at `path` and append the table;
+    the file keeps its mode (the staged copy that replaces it gets it)."""
     path = Path(path)
+    _refuse_read_only(path)
     text = _without_table(path.read_text())
     if strategy_files.file_format(path) == "yaml":
         body = _set_yaml(text, config)
@@ -84,6 +105,7 @@ def write_winner(path, config, table_lines):
     staged = _staged(path)
     staged.write_text(body)
     try:
+        os.chmod(staged, stat.S_IMODE(os.stat(path).st_mode))
         DistributedStrategy.load(staged).validate()
         os.replace(staged, path)
     finally:

@@ -79,6 +79,14 @@ def test_two_ranks_through_fleetrun_read_disjoint_fixed_shards_in_equal_batches_
                 assert set(labels) <= shards[rank], key          # stick_to_shard: the same shard every epoch
         assert epochs["pad/0"] != epochs["pad/1"]                # shuffled anew each epoch, within the shard
 
+    for name in ("dali", "dali cached", "paddle"):    # evaluation: every sample once, the padding left out
+        evaluated = [result["evaluation"][name] for result in results]
+        for epoch in range(2):
+            batches = [epochs[epoch] for epochs in evaluated]
+            assert [[len(b) for b in rank_batches] for rank_batches in batches] == [[4, 4, 3], [4, 4, 4]], name
+            assert sorted(label for rank_batches in batches for b in rank_batches for label in b) == \
+                list(range(IMAGES)), (name, epoch)
+
     decoded = {}
     for rank in range(2):
         with np.load(tmp_path / f"eval.{rank}.npz") as saved:
@@ -207,6 +215,32 @@ def test_the_gpu_path_after_the_cache_hands_a_pipeline_per_epoch_to_dalis_paddle
     ((pipelines, names), kw), = calls
     assert names == ["image", "label"] and kw == {}        # no size: it runs until the cache's batches end
     assert pipelines[0].device_id == 1 and pipelines[0].seed == epoch_seed(5, 1, 2) != epoch_seed(5, 1, 3)
+
+
+def test_the_cpu_evaluation_batches_cut_the_readers_padding_off(jpegs):
+    """Shards of 11 and 12 in batches of 4: the reader pads both to 3 batches (rank 0's last
+    holds one repeat); evaluation yields each sample once, in list order, epoch after epoch."""
+    for rank, expected in ((0, [4, 4, 3]), (1, [4, 4, 4])):
+        pipeline = dali_pipeline.image_pipeline(str(jpegs / "list.txt"), 4, rank, 2, crop=CROP, resize=HEIGHT,
+                                                training=False, num_threads=1)
+        pipeline.build()
+        batches = dali_pipeline.DaliEvaluationBatches(pipeline, IMAGES, 2, rank)
+        assert len(batches) == len(expected)
+        for _ in range(2):
+            epoch = list(batches)
+            assert [len(labels) for _, labels in epoch] == [len(images) for images, _ in epoch] == expected
+            assert np.concatenate([labels for _, labels in epoch]).ravel().tolist() == list(range(*block(rank, 2, IMAGES)))
+
+
+def test_the_gpu_path_evaluates_with_dalis_partial_policy(monkeypatch, jpegs):
+    plugin = pytest.importorskip("nvidia.dali.plugin.paddle", reason="DALI's Paddle plugin needs paddle")
+    calls = []
+    monkeypatch.setattr(plugin, "DALIGenericIterator", lambda *args, **kw: calls.append((args, kw)) or "iterator")
+    pipeline = dali_pipeline.image_pipeline(str(jpegs / "list.txt"), 8, 0, 2, device="gpu", device_id=0, training=False)
+    for policy in ("pad", "drop", "error"):             # evaluation's rule, whatever equal_batches says
+        assert dali_pipeline.gpu_batches(pipeline, policy, training=False) == "iterator"
+    assert [kw["last_batch_policy"].name for _, kw in calls] == ["PARTIAL"] * 3
+    assert all(kw["reader_name"] == "Reader" for _, kw in calls)
 
 
 def test_the_cpu_iterator_refuses_uneven_shards_under_the_error_policy():

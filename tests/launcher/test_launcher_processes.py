@@ -277,6 +277,9 @@ UNWRITABLE_LOG = "pass a folder you can write to as --log_dir"
     (["--ips", "127.0.0.1,10.0.0.300", "--host", "127.0.0.1", TRAIN], f"--ips: host 2 '10.0.0.300' {NOT_IPV4}"),
     (["--ips", "127.0.0.1:6170", TRAIN], "--ips: host 1 '127.0.0.1:6170' has a port: --ips lists hosts "
                                          "only; rank 0's store port is --start_port"),
+    (["--ips", "::1,127.0.0.1", "--host", "127.0.0.1", TRAIN],
+     "--ips: host 1 '::1' is an IPv6 address: fleetrun builds IPv4 endpoints (host:port) only; list the host "
+     "by its IPv4 address, or by a name that resolves to one"),
     (["--ips", "node 1", TRAIN], "--ips: host 1 'node 1' contains a space: separate hosts with commas only"),
     (["--ips", "127.0.0.1,node_2", TRAIN], f"--ips: host 2 'node_2' {NOT_A_NAME}"),
     (["--ips", "127.0.0.1,,127.0.0.2", TRAIN], "--ips='127.0.0.1,,127.0.0.2': item 2 of the "

@@ -6,7 +6,8 @@ hang) for two epochs per equal_batches policy, recording the labels (each image'
 index) and shapes of every batch; then two epochs with the cache levels on (DALI augmenting what
 the node's shared cache delivers), with the cache's hit and miss counts. Then it runs the
 evaluation pipeline (resize + centre crop, no flip) once and saves every image it decoded, by
-label, for the test to compare with PIL.
+label, for the test to compare with PIL; and two evaluation epochs of each loader (DALI, DALI
+after the cache, Paddle), recording every batch's labels: evaluation must see each sample once.
 Writes OUT/result.RANK.json and OUT/eval.RANK.npz.
 """
 import argparse
@@ -74,6 +75,15 @@ def main():
         for picture, name in zip(images, labels.ravel()):
             decoded[str(name)] = picture
     np.savez(os.path.join(args.out, f"eval.{result['rank']}.npz"), **decoded)
+    result["evaluation"] = {}
+    for name, loader, levels in (("dali", "dali", []), ("dali cached", "dali", ["disk", "memory"]),
+                                 ("paddle", "paddle", [])):
+        strategy.data_configs.loader, strategy.data_configs.cache_levels = loader, levels
+        batches = fleetlite.data.image_loader(args.list, strategy, args.batch, crop=args.crop, resize=args.resize,
+                                              training=False)
+        result["evaluation"][name] = [[labels.ravel().tolist() for _, labels in batches] for _ in range(2)]
+        if levels:
+            batches.close()
     with open(os.path.join(args.out, f"result.{result['rank']}.json"), "w") as out:
         json.dump(result, out)
 

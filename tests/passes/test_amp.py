@@ -8,6 +8,7 @@ so the float16 recipe black-lists them and white-lists pool2d; the loss-scaling 
 float32 either way.
 """
 import json
+import os
 import re
 from pathlib import Path
 
@@ -15,11 +16,11 @@ import numpy as np
 import paddle
 import pytest
 
-from fleetlite import CompileError, DistributedStrategy, StrategyConflictError, Topology, cli
+import fleetlite
+from fleetlite import CompileError, DistributedStrategy, StrategyConflictError, Topology, cli, fp16_guard
 from fleetlite.compile import compiler, mixed_precision, program_edit
 from fleetlite.runtime import training_program
-from fleetlite.compile.mixed_precision import fp16_guard
-from support.isolated import isolated
+from support.isolated import isolated, run as isolated_run
 from support.multiprocess import run_job
 from support.models import backward_program
 from support import in_process
@@ -135,10 +136,42 @@ def test_a_float16_gpu_program_is_not_built_on_a_cpu_build_of_paddle():
     assert report.record("amp_loss_scaling").reason.startswith("needs amp, which was skipped")
 
 
-@pytest.mark.skipif(paddle.is_compiled_with_cuda(), reason="a GPU build has float16 matmul kernels")
-def test_paddles_refusal_to_differentiate_float16_ops_names_the_rewrite():
-    with pytest.raises(CompileError, match=r"backward of the forward as amp rewrote it failed: .*matmul_grad"):
-        compile_amp()
+CPU_RECIPE = (r"the CPU recipe of docs/knobs/amp.md: custom_black_list: \[matmul, conv2d, relu, elementwise_add, "
+              r"flatten\], custom_white_list: \[pool2d\]")
+
+
+@pytest.mark.parametrize("configs, field", [({}, "amp_configs.dtype"),
+                                            ({"use_pure_fp16": True, "use_fp16_guard": False}, "amp_configs.use_pure_fp16")],
+                         ids=["O1 default lists", "O2"])
+def test_float16_with_matmul_low_on_cpu_is_refused_at_validate_naming_the_cpu_recipe(configs, field):
+    """It passed validate, then compile failed building backward (matmul_grad has no float16 CPU kernel)."""
+    message = (f"^{field} asks for float16 matmul ops on CPU, and Paddle's CPU build has no float16 matmul kernel "
+               f"\\(compile would fail building backward\\); keep the compute ops in float32 with {CPU_RECIPE}; "
+               f"or amp: false$")
+    with pytest.raises(StrategyConflictError, match=message) as refused:
+        amp_strategy(**configs).validate(CPU_2)             # what fleet.init and distributed_optimizer run
+    assert refused.value.field == field
+    amp_strategy(**configs).validate(GPU_32)
+    amp_strategy(**RECIPE).validate(CPU_2)
+
+
+@pytest.mark.parametrize("model, configs, ops", [
+    ("convbn", {"custom_black_list": ["matmul"]}, "conv2d"),                      # the recipe without conv2d
+    ("mlp", {"custom_black_list": ["matmul", "relu"], "custom_white_list": ["add"]}, "add"),
+], ids=["conv2d white", "add white"])
+def test_float16_ops_without_a_cpu_kernel_are_refused_before_backward(model, configs, ops):
+    with pytest.raises(CompileError, match=f"^in pass amp: amp runs {ops} in float16 on CPU, and Paddle's CPU build has no "
+                                           f"float16 kernel for them \\(backward could not be built\\): keep them "
+                                           f"in float32 with amp_configs.custom_black_list \\({CPU_RECIPE}\\), "
+                                           f"or amp: false$"):
+        compile_amp(model=model, **configs)
+
+
+def test_guarded_float16_matmuls_on_cpu_are_refused_at_compile():
+    """O2 with the guard: which ops run low is known only once the program is built."""
+    amp_strategy(use_pure_fp16=True).validate(CPU_2)
+    with pytest.raises(CompileError, match=r"^in pass amp: amp runs add, matmul, relu in float16 on CPU"):
+        guarded_mlp(amp_strategy(use_pure_fp16=True), CPU_2)
 
 
 def test_one_rank_skips_the_agreement_but_not_the_scaling():
@@ -207,7 +240,7 @@ def test_o2_with_the_fp16_guard_runs_only_the_guarded_ops_low():
 
 def test_o2_with_the_fp16_guard_and_no_guarded_op_is_an_error():
     with pytest.raises(CompileError, match=r"use_fp16_guard is on but no op was built under "
-                                           r"fleetlite.compile.mixed_precision.fp16_guard\(\)"):
+                                           r"fleetlite.fp16_guard\(\)"):
         compile_amp(dtype="bfloat16", use_pure_fp16=True)
 
 
@@ -247,16 +280,41 @@ def test_bfloat16_on_a_cpu_without_avx512_bf16_is_refused_at_compile_not_at_the_
     assert report.record("amp").details["dtype"] == "bfloat16" and "bfloat16" in dtypes(main, "pd_op.matmul")
 
 
-def test_explain_refuses_bfloat16_for_a_cpu_job_on_a_cpu_without_avx512_bf16(monkeypatch, capsys, tmp_path):
-    """`fleetlite strategy validate` has no device to check against (it says ok); `explain` has one."""
+def test_explain_only_warns_about_bfloat16_for_a_cpu_job_on_a_cpu_without_avx512_bf16(monkeypatch, capsys, tmp_path):
+    """The explained job may run on CPUs with AVX512-BF16: `fleetlite explain` warns in one line and
+    prints the bfloat16 report; compiling to train here still refuses (the test above)."""
     monkeypatch.setattr(mixed_precision, "cpu_has_bfloat16", lambda: False)
     strategy = tmp_path / "bf16.yaml"
     amp_strategy(use_pure_bf16=True, use_fp16_guard=False).save(strategy)
-    assert cli.main(["explain", "--strategy", str(strategy)]) == 2
-    (line,) = capsys.readouterr().err.splitlines()
-    assert re.match(f"fleetlite: error: amp_configs.use_pure_bf16 {NO_AVX512_BF16}", line), line
-    assert cli.main(["explain", "--strategy", str(strategy), "--device", "gpu"]) == 0
+    assert cli.main(["explain", "--strategy", str(strategy), "--json"]) == 0
+    out, err = capsys.readouterr()
+    (line,) = [line for line in err.splitlines() if "fleetlite" in line]
+    assert re.match(f"fleetlite: warning: amp_configs.use_pure_bf16 {NO_AVX512_BF16[:-1]} \\(this machine only "
+                    f"explains the job; it refuses to train it\\)$", line), line
+    assert json.loads(out)["records"][0]["details"]["dtype"] == "bfloat16"
+    with pytest.raises(StrategyConflictError, match=NO_AVX512_BF16):     # the warning ends with explain
+        guarded_mlp(amp_strategy(use_pure_bf16=True, use_fp16_guard=False), CPU_2)
     assert cli.main(["strategy", "validate", str(strategy)]) == 0
+
+
+def _explained_bfloat16_init(environ):
+    """In the child: fleet.init under fleetrun --explain's environment, on a CPU without AVX512-BF16."""
+    import contextlib
+    import io
+    os.environ.update(environ)
+    mixed_precision.cpu_has_bfloat16 = lambda: False
+    paddle.enable_static()
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        fleetlite.init(is_collective=True, strategy=amp_strategy(use_pure_bf16=True, use_fp16_guard=False))
+        fleetlite.distributed_optimizer(paddle.optimizer.SGD(0.1))
+    assert stderr.getvalue().count("fleetlite: warning: amp_configs.use_pure_bf16 asks for bfloat16") == 1, stderr.getvalue()
+
+
+def test_fleetrun_explain_only_warns_about_bfloat16_on_this_cpu():
+    environ = {"FLEETLITE_EXPLAIN_ONLY": "1", "PADDLE_TRAINER_ID": "0", "PADDLE_TRAINERS_NUM": "2",
+               "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:6170,127.0.0.1:6171", "PADDLE_CURRENT_ENDPOINT": "127.0.0.1:6170"}
+    isolated_run(_explained_bfloat16_init, [environ], timeout=120)
 
 
 def test_optimizer_state_in_float16_is_refused_not_ignored():

@@ -2,6 +2,7 @@
 flags, and one real `fleetrun --tune` on 2 CPU ranks."""
 import os
 import re
+import stat
 import subprocess
 import sys
 
@@ -172,6 +173,25 @@ def test_a_winner_the_schema_rejects_leaves_the_file_untouched(tmp_path):
     assert path.read_text() == YAML_TEXT and os.listdir(tmp_path) == ["s.yaml"]
 
 
+def test_the_winner_keeps_the_file_mode_and_a_read_only_file_is_refused_even_for_root(tmp_path):
+    """Root may write any file; the tuner still respects a file its owner made read-only (0444)."""
+    path = tmp_path / "s.yaml"
+    path.write_text(YAML_TEXT)
+    path.chmod(0o640)
+    strategy_writer.write_winner(path, (("fuse_grad_size_in_MB", 16),), ["table"])
+    assert (stat.S_IMODE(path.stat().st_mode), DistributedStrategy.load(path).fuse_grad_size_in_MB) == (0o640, 16)
+    path.write_text(YAML_TEXT)
+    path.chmod(0o444)
+    message = (f"--strategy_file {path}: the file is read-only (mode 0444), so the tuner could not write the "
+               f"winner into it: make it writable, or tune a writable copy")
+    for attempt in (strategy_writer.check_writable,
+                    lambda p: strategy_writer.write_winner(p, (("fuse_grad_size_in_MB", 8),), ["table"])):
+        with pytest.raises(LaunchError, match=f"^{re.escape(message)}$"):
+            attempt(path)
+    assert (path.read_text(), stat.S_IMODE(path.stat().st_mode)) == (YAML_TEXT, 0o444)
+    assert os.listdir(tmp_path) == ["s.yaml"]
+
+
 # --- flags ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv, message", [
     (["--budget", "30", "train.py"], "--budget only applies with --tune"),
@@ -246,7 +266,7 @@ FLEETLITE_TUNE = ["-m", "fleetlite.cli", "tune"]
      f"--strategy_file blocked/s.yaml: the tuner could not write the winner next to it (Is a directory: "
      f"blocked/.s.yaml.tuned.yaml): {NOT_WRITABLE}"),
     pytest.param(FLEETLITE_TUNE, ["--strategy_file", "read-only-file/s.yaml"],
-                 f"--strategy_file read-only-file/s.yaml: the file is read-only, so the tuner could not write "
+                 f"--strategy_file read-only-file/s.yaml: the file is read-only (mode 0444), so the tuner could not write "
                  f"the winner into it: {NOT_WRITABLE}"),
     pytest.param(FLEETRUN_TUNE, ["--strategy_file", "read-only-folder/s.yaml"],
                  f"--strategy_file read-only-folder/s.yaml: the tuner could not write the winner next to it "
