@@ -122,6 +122,21 @@ def test_unknown_field_names_the_closest(field, value, fix):
     assert info.value.field == field and fix in str(info.value)
 
 
+def test_unknown_field_is_a_type_error_as_in_paddle():
+    """Paddle's strategy raises TypeError for an unknown attribute: `except TypeError` must catch ours."""
+    with pytest.raises(TypeError) as info:
+        fleet.DistributedStrategy().unknown_key = 1
+    assert isinstance(info.value, (UnknownFieldError, AttributeError, ValueError))
+    assert str(info.value).startswith("unknown strategy field 'unknown_key'")
+
+
+def test_paddle_spelling_of_fuse_grad_size_in_tflops_is_the_same_field():
+    s = fleet.DistributedStrategy()
+    s._fuse_grad_size_in_TFLOPS = 3.5
+    assert s.fuse_grad_size_in_TFLOPS == 3.5 and s._fuse_grad_size_in_TFLOPS == 3.5
+    assert s.non_default() == {"fuse_grad_size_in_TFLOPS": 3.5}
+
+
 def test_unknown_field_inside_a_config_dict():
     with pytest.raises(UnknownFieldError) as info:
         fleet.DistributedStrategy().amp_configs = {"init_loss_scalling": 8}
