@@ -7,7 +7,9 @@
 
 The topology comes from the environment fleetrun (or mpirun, or srun) sets, or from a role
 maker (fleetlite.base.role_maker); `init` brings up the process group with deadlines (see
-process_group), before or after `paddle.enable_static()`. Under `fleetrun --explain`
+process_group), before or after `paddle.enable_static()`: at once in dynamic mode, and in static
+mode at the first call that needs the other ranks (the first run of a program with collectives,
+a barrier, a `fleet.util` collective; see lazy_rendezvous), as Paddle does. Under `fleetrun --explain`
 (FLEETLITE_EXPLAIN_ONLY=1) no group is brought up and `minimize` prints the compile report and
 ends the script: nothing trains. docs/fleet_compatibility.md lists every Fleet name.
 """
@@ -19,7 +21,7 @@ import paddle
 from fleetlite.compile import bucket_views
 from fleetlite.base.role_maker import PaddleCloudRoleMaker, RoleMakerBase
 from fleetlite.errors import FleetliteError, ForeignLauncherError, StrategyConflictError
-from fleetlite.runtime import checkpoint, eager_data_parallel, process_group, sharded_state
+from fleetlite.runtime import checkpoint, eager_data_parallel, lazy_rendezvous, process_group, sharded_state
 from fleetlite.runtime.collective_waits import waiting_in
 from fleetlite.runtime.distributed_optimizer import DistributedOptimizer, explain_only
 from fleetlite.runtime.job_values import JobValues
@@ -34,7 +36,8 @@ INFERENCE_PREFIX = "model"   # save_inference_model(dirname) writes dirname/mode
 
 
 def init(role_maker=None, is_collective=True, strategy=None, log_level=None):
-    """Read this process's place in the job and bring up the process group (bounded waits)."""
+    """Read this process's place in the job and bring up the process group (bounded waits; in
+    static mode at the first call that needs the other ranks)."""
     global _job
     refusal = foreign_launcher.refusal(os.environ, foreign_launcher.parent_argv(), sys.argv)
     if refusal:
@@ -52,8 +55,11 @@ def init(role_maker=None, is_collective=True, strategy=None, log_level=None):
     topology = role_maker.topology(os.environ)
     if strategy is not None:
         strategy.validate(topology)
-    if not explain_only():
+    if not explain_only() and paddle.in_dynamic_mode():
         process_group.bring_up(topology, process_group.init_timeout())
+    elif not explain_only():
+        process_group.defer(topology, process_group.init_timeout())
+        lazy_rendezvous.watch_executor_runs()
     _job = (topology, strategy)
 
 
@@ -96,7 +102,7 @@ def barrier_worker():
     """Block until every worker arrives (a no-op for one worker)."""
     _topology()
     with waiting_in("fleet.barrier_worker"):
-        process_group.barrier()
+        process_group.barrier("fleet.barrier_worker")
 
 
 rank, nranks, world_size, rank_in_node = worker_index, worker_num, worker_num, local_rank
@@ -241,6 +247,7 @@ def distributed_model(model):
     topology = _topology()
     if explain_only():
         return model
+    process_group.connect("fleet.distributed_model")
     return eager_data_parallel.wrap(model, _job[1] or DistributedStrategy(), topology)
 
 
@@ -249,4 +256,6 @@ def train_step(model, loss_fn, optimizer):
     loss is `loss_fn(model, *batch)`); see fleetlite.runtime.train_step and docs/dygraph.md."""
     if not isinstance(optimizer, DistributedOptimizer):
         optimizer = distributed_optimizer(optimizer)
+    if not explain_only():
+        process_group.connect("fleet.train_step")
     return TrainStep(model, loss_fn, optimizer, util)

@@ -10,6 +10,11 @@ missing, still waits after minutes). Here the same pieces are assembled with bou
 - the process group is then registered exactly as Paddle's own init does, so static programs
   find ring 0 and `paddle.distributed` calls work.
 Paddle creates process groups in dynamic mode; `bring_up` switches to it and back.
+
+`fleet.init` in static mode only `defer`s the rendezvous: as in Paddle, which connects when the
+startup program runs, building, compiling and inspecting programs needs no live job (Paddle's
+own meta-optimizer tests pose as rank 1 of 2 and never run). The first call that needs the other
+ranks `connect`s, with the same deadline, and a failure names that call.
 """
 import contextlib
 import hashlib
@@ -34,6 +39,7 @@ DEFAULT_TIMEOUT = 120
 GROUP_NAME = "_default_pg"   # the name Paddle gives its default group
 
 _store = None
+_deferred = None   # the (topology, timeout) fleet.init left for the first call that needs peers
 
 
 def init_timeout(environ=os.environ):
@@ -58,6 +64,32 @@ def bring_up(topology, timeout):
     with dynamic_mode():
         _store = _rendezvous(host, int(port), topology, timeout)
         _register_default_group(_store, topology)
+
+
+def defer(topology, timeout):
+    """Meet the other ranks of `topology` later, at the first `connect` (nothing for a world of 1)."""
+    global _deferred
+    if topology.world_size > 1 and _store is None:
+        _deferred = (topology, timeout)
+
+
+def deferred():
+    """Whether a rendezvous waits for the first call that needs the other ranks."""
+    return _deferred is not None
+
+
+def connect(needed_by):
+    """Bring up the deferred rendezvous now, if there is one; `needed_by` (the call that needs the
+    other ranks) is named in the error when they do not come within the deadline."""
+    global _deferred
+    if _deferred is None:
+        return
+    (topology, timeout), _deferred = _deferred, None
+    try:
+        bring_up(topology, timeout)
+    except TopologyError as exc:
+        raise TopologyError(f"{needed_by} met the other ranks (fleet.init in static mode waits for the "
+                            f"first call that needs them) and failed: {exc}") from exc
 
 
 @contextlib.contextmanager
@@ -138,8 +170,9 @@ def _register_default_group(store, topology):
     parallel_helper._set_parallel_ctx(True)
 
 
-def barrier():
+def barrier(needed_by="a barrier"):
     """Wait until every rank gets here (works in static mode, unlike dist.barrier)."""
+    connect(needed_by)
     if _store is not None:
         paddle_collective._get_default_group().process_group.barrier().wait()
 
