@@ -24,6 +24,7 @@ from fleetlite.errors import FleetliteError, ForeignLauncherError, StrategyConfl
 from fleetlite.runtime import checkpoint, eager_data_parallel, lazy_rendezvous, process_group, sharded_state
 from fleetlite.runtime.collective_waits import waiting_in
 from fleetlite.runtime.distributed_optimizer import DistributedOptimizer, explain_only
+from fleetlite.runtime.hybrid_group import HybridCommunicateGroup
 from fleetlite.runtime.job_values import JobValues
 from fleetlite.runtime.train_step import TrainStep
 from fleetlite.strategy.distributed_strategy import DistributedStrategy
@@ -32,13 +33,14 @@ from fleetlite.tuning import trial_worker
 
 _job = None   # (Topology, DistributedStrategy or None) once init() ran
 _optimizer = None   # the last distributed_optimizer(), for fleet.minimize
+_hybrid_group = None   # get_hybrid_communicate_group()'s, made on first use
 INFERENCE_PREFIX = "model"   # save_inference_model(dirname) writes dirname/model.json and .pdiparams
 
 
 def init(role_maker=None, is_collective=True, strategy=None, log_level=None):
     """Read this process's place in the job and bring up the process group (bounded waits; in
     static mode at the first call that needs the other ranks)."""
-    global _job
+    global _job, _hybrid_group
     refusal = foreign_launcher.refusal(os.environ, foreign_launcher.parent_argv(), sys.argv)
     if refusal:
         raise ForeignLauncherError(refusal)
@@ -60,7 +62,7 @@ def init(role_maker=None, is_collective=True, strategy=None, log_level=None):
     elif not explain_only():
         process_group.defer(topology, process_group.init_timeout())
         lazy_rendezvous.watch_executor_runs()
-    _job = (topology, strategy)
+    _job, _hybrid_group = (topology, strategy), None
 
 
 def _topology():
@@ -84,6 +86,16 @@ def is_first_worker():
 def worker_endpoints(to_string=False):
     endpoints = list(_topology().endpoints)
     return ",".join(endpoints) if to_string else endpoints
+
+
+def get_hybrid_communicate_group():
+    """Paddle's HybridCommunicateGroup for fleetlite's dp-only topology (fleet.init refuses any
+    hybrid degree but dp_degree above 1): the data axis is the whole job, every other axis this
+    rank alone (see runtime.hybrid_group)."""
+    global _hybrid_group
+    if _hybrid_group is None:
+        _hybrid_group = HybridCommunicateGroup(_topology())
+    return _hybrid_group
 
 
 def local_rank():

@@ -170,6 +170,11 @@ def _register_default_group(store, topology):
     parallel_helper._set_parallel_ctx(True)
 
 
+def world_group():
+    """The default group: every rank of the job (after bring_up)."""
+    return paddle_collective._get_default_group()
+
+
 def barrier(needed_by="a barrier"):
     """Wait until every rank gets here (works in static mode, unlike dist.barrier)."""
     connect(needed_by)

@@ -174,11 +174,13 @@ CHOICE_FIELDS = [(path, rule) for path, rule in RULES.items() if isinstance(rule
 def test_wrong_type_for_a_field_of_choices_lists_the_choices(path, rule, wrong):
     """Every field whose rule is a set of choices, given a value of the wrong type (an int where a
     string goes, a string where an int goes, ...), names the choices, not just the type."""
-    section, name = path.rsplit(".", 1) if "." in path else (None, path)
-    target = getattr(fleet.DistributedStrategy(), section) if section else fleet.DistributedStrategy()
+    *sections, name = path.split(".")
+    target = fleet.DistributedStrategy()
+    for section in sections:
+        target = getattr(target, section)
     wrong = "0" if wrong is None and isinstance(rule.choices[0], int) else wrong
     with pytest.raises(FieldTypeError) as info:
-        target[name] = [wrong] if path == "data_configs.cache_levels" else wrong
+        target[name] = [wrong] if schema._is_repeated(_field(path)) else wrong
     assert info.value.field == path
     assert str(info.value).endswith(f"; set it to {schema._type_name(_field(path))}, {rule.describe()}"), str(info.value)
 
