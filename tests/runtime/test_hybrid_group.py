@@ -30,6 +30,18 @@ def test_paddles_sub_sections_and_order_are_accepted_with_every_other_degree_1()
     assert len([f for f in strategy.hybrid_configs if f.endswith("_configs")]) == 14
 
 
+@isolated(timeout=120)
+def test_the_compile_report_lists_the_sub_sections_as_skipped_and_not_the_degrees():
+    from support.in_process import compile_only
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {**PADDLE_NLP_STYLE, "pp_configs": {"delay_scale_loss": True}}
+    _, _, built = compile_only(strategy, Topology.grid(2, 1))
+    skipped = {r.name: r.reason for r in built.report.records if r.status == "skipped"}
+    assert skipped["hybrid"] == ("it configures the groups of hybrid parallelism's other axes (model, pipeline, "
+                                 "sharding, ...), which are one rank each in fleetlite's dp-only topology "
+                                 "(set: hybrid_configs.pp_configs.delay_scale_loss)")
+
+
 @pytest.mark.parametrize("configs, error, message", [
     ({"mp_degree": 2}, StrategyConflictError,
      "hybrid_configs.mp_degree = 2, but fleetlite runs data parallelism only; set mp_degree to 1 and let dp_degree "
