@@ -12,9 +12,10 @@ import paddle
 
 from fleetlite.errors import DygraphError
 
-# Knobs the eager loop honours (through paddle.DataParallel) or that do not touch training.
+# Knobs the eager loop honours (through paddle.DataParallel) or that do not touch training
+# (hybrid_configs: validate lets through only the dp-only topology, which is what it trains).
 EAGER_KNOBS = ("fuse_all_reduce_ops", "fuse_grad_size_in_MB", "last_comm_group_size_MB", "find_unused_parameters",
-               "strict", "split_data", "data_configs")
+               "strict", "split_data", "data_configs", "hybrid_configs")
 TRAIN_STEP = "train with step = fleet.train_step(model, loss_fn, opt) (docs/dygraph.md)"
 EXPLAINED = ("fleetlite: this script trains by Fleet's eager loop (loss.backward(); opt.step()) on paddle.DataParallel: "
              "there is no program to compile, and only the fusion knobs apply; fleet.train_step compiles every knob")
