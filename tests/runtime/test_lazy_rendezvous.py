@@ -64,7 +64,7 @@ def test_rank_1_of_2_builds_and_minimizes_under_several_strategies_without_peers
     assert process_group.deferred() and not process_group.is_up()
     # measured 9 s on the shared, loaded 2-core machine (init 0.9 s, the first minimize 2.7 s, the others
     # about 1 s: the pass registry loads once); a rendezvous would wait the 120 s deadline
-    assert elapsed < 30, f"init and {len(STRATEGIES)} minimizes took {elapsed:.1f} s"
+    assert elapsed < 45, f"init and {len(STRATEGIES)} minimizes took {elapsed:.1f} s"
 
 
 @isolated(timeout=120)
