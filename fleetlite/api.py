@@ -7,7 +7,9 @@
 
 The topology comes from the environment fleetrun (or mpirun, or srun) sets, or from a role
 maker (fleetlite.base.role_maker); `init` brings up the process group with deadlines (see
-process_group), before or after `paddle.enable_static()`. Under `fleetrun --explain`
+process_group), before or after `paddle.enable_static()`: at once in dynamic mode, and in static
+mode at the first call that needs the other ranks (the first run of a program with collectives,
+a barrier, a `fleet.util` collective; see lazy_rendezvous), as Paddle does. Under `fleetrun --explain`
 (FLEETLITE_EXPLAIN_ONLY=1) no group is brought up and `minimize` prints the compile report and
 ends the script: nothing trains. docs/fleet_compatibility.md lists every Fleet name.
 """
@@ -20,9 +22,10 @@ from fleetlite.compile import bucket_views, mixed_precision
 from fleetlite.base.role_maker import PaddleCloudRoleMaker, RoleMakerBase
 from fleetlite.errors import FleetliteError, ForeignLauncherError, StrategyConflictError
 from fleetlite.runtime import (checkpoint, distributed_scaler as scaler_vote, eager_data_parallel,
-                               eager_sync_batch_norm, process_group, sharded_state)
+                               eager_sync_batch_norm, lazy_rendezvous, process_group, sharded_state)
 from fleetlite.runtime.collective_waits import waiting_in
 from fleetlite.runtime.distributed_optimizer import DistributedOptimizer, explain_only
+from fleetlite.runtime.hybrid_group import HybridCommunicateGroup
 from fleetlite.runtime.job_values import JobValues
 from fleetlite.runtime.train_step import TrainStep
 from fleetlite.strategy.distributed_strategy import DistributedStrategy
@@ -31,12 +34,14 @@ from fleetlite.tuning import trial_worker
 
 _job = None   # (Topology, DistributedStrategy or None) once init() ran
 _optimizer = None   # the last distributed_optimizer(), for fleet.minimize
+_hybrid_group = None   # get_hybrid_communicate_group()'s, made on first use
 INFERENCE_PREFIX = "model"   # save_inference_model(dirname) writes dirname/model.json and .pdiparams
 
 
 def init(role_maker=None, is_collective=True, strategy=None, log_level=None):
-    """Read this process's place in the job and bring up the process group (bounded waits)."""
-    global _job
+    """Read this process's place in the job and bring up the process group (bounded waits; in
+    static mode at the first call that needs the other ranks)."""
+    global _job, _hybrid_group
     refusal = foreign_launcher.refusal(os.environ, foreign_launcher.parent_argv(), sys.argv)
     if refusal:
         raise ForeignLauncherError(refusal)
@@ -55,9 +60,12 @@ def init(role_maker=None, is_collective=True, strategy=None, log_level=None):
         mixed_precision.explain_for_the_rest_of_the_process()
     if strategy is not None:
         strategy.validate(topology)
-    if not explain_only():
+    if not explain_only() and paddle.in_dynamic_mode():
         process_group.bring_up(topology, process_group.init_timeout())
-    _job = (topology, strategy)
+    elif not explain_only():
+        process_group.defer(topology, process_group.init_timeout())
+        lazy_rendezvous.watch_executor_runs()
+    _job, _hybrid_group = (topology, strategy), None
 
 
 def _topology():
@@ -83,6 +91,16 @@ def worker_endpoints(to_string=False):
     return ",".join(endpoints) if to_string else endpoints
 
 
+def get_hybrid_communicate_group():
+    """Paddle's HybridCommunicateGroup for fleetlite's dp-only topology (fleet.init refuses any
+    hybrid degree but dp_degree above 1): the data axis is the whole job, every other axis this
+    rank alone (see runtime.hybrid_group)."""
+    global _hybrid_group
+    if _hybrid_group is None:
+        _hybrid_group = HybridCommunicateGroup(_topology())
+    return _hybrid_group
+
+
 def local_rank():
     return _topology().local_rank
 
@@ -99,7 +117,7 @@ def barrier_worker():
     """Block until every worker arrives (a no-op for one worker)."""
     _topology()
     with waiting_in("fleet.barrier_worker"):
-        process_group.barrier()
+        process_group.barrier("fleet.barrier_worker")
 
 
 rank, nranks, world_size, rank_in_node = worker_index, worker_num, worker_num, local_rank
@@ -244,6 +262,7 @@ def distributed_model(model):
     topology = _topology()
     if explain_only():
         return model
+    process_group.connect("fleet.distributed_model")
     model = eager_sync_batch_norm.swap(model, topology)     # SyncBatchNorm over the process group on CPU
     return eager_data_parallel.wrap(model, _job[1] or DistributedStrategy(), topology)
 
@@ -261,4 +280,6 @@ def train_step(model, loss_fn, optimizer):
     loss is `loss_fn(model, *batch)`); see fleetlite.runtime.train_step and docs/dygraph.md."""
     if not isinstance(optimizer, DistributedOptimizer):
         optimizer = distributed_optimizer(optimizer)
+    if not explain_only():
+        process_group.connect("fleet.train_step")
     return TrainStep(model, loss_fn, optimizer, util)

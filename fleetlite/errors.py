@@ -43,8 +43,9 @@ class StrategyError(FleetliteError, ValueError):
         super().__init__(text)
 
 
-class UnknownFieldError(StrategyError, AttributeError):
-    """A field name that the schema does not have (a typo, or a Fleet field fleetlite dropped)."""
+class UnknownFieldError(StrategyError, AttributeError, TypeError):
+    """A field name that the schema does not have (a typo, or a Fleet field fleetlite dropped).
+    A TypeError as well because Paddle's strategy raises one, so `except TypeError` still works."""
 
     def __init__(self, field, candidates, where="DistributedStrategy"):
         close = closest_name(field.rsplit(".", 1)[-1], candidates)

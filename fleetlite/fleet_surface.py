@@ -18,8 +18,9 @@ UNSUPPORTED = {
     "BoxPSDataset": _PS_DATA, "DatasetBase": _PS_DATA, "FileInstantDataset": _PS_DATA,
     "InMemoryDataset": _PS_DATA, "QueueDataset": _PS_DATA,
     "MultiSlotDataGenerator": _PS_DATA, "MultiSlotStringDataGenerator": _PS_DATA,
-    "CommunicateTopology": _HYBRID, "HybridCommunicateGroup": _HYBRID,
-    "get_hybrid_communicate_group": _HYBRID,
+    "CommunicateTopology": _HYBRID,
+    "HybridCommunicateGroup": ("fleetlite builds none from a CommunicateTopology (hybrid parallelism is not "
+                               "supported); fleet.get_hybrid_communicate_group() returns the dp-only one"),
     "Fleet": "the fleetlite module itself is the fleet object (`fleetlite.fleet` is the module); "
              "there is no class to instantiate or subclass",
     "UtilBase": "it is the class of `fleet.util`; use `fleet.util` itself",

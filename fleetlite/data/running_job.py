@@ -81,8 +81,12 @@ def gather_sizes(local_size):
 
 
 def _group_is_up():
+    """Whether a process group is up; a rendezvous fleet.init deferred (static mode) happens now."""
     process_group = sys.modules.get("fleetlite.runtime.process_group")
-    return process_group is not None and process_group._store is not None
+    if process_group is None:
+        return False
+    process_group.connect("fleetlite.data's job-wide values (the shared seed, metric sums)")
+    return process_group.is_up()
 
 
 def _eager_collective(name, array):

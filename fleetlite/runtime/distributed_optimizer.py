@@ -49,6 +49,7 @@ class DistributedOptimizer:
             print(built.report.table(), flush=True)
             raise ScriptDone("fleetrun --explain: the compile report is printed")
         if self.topology.device == "gpu" and self.topology.world_size > 1:
+            process_group.connect("minimize (its NCCL rings)")
             process_group.create_nccl_rings(built.report.rings, self.topology)
         if built.report.runtime_flags:
             paddle.set_flags(built.report.runtime_flags)

@@ -69,6 +69,7 @@ class JobValues:
         array = array.astype(_collective_dtype(array), copy=False)
         if self._topology().world_size == 1:
             return array.copy()
+        process_group.connect("fleet.util.all_reduce")
         op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[mode]
         with waiting_in("fleet.util.all_reduce"), process_group.dynamic_mode():
             tensor = paddle.to_tensor(array)
@@ -83,6 +84,7 @@ class JobValues:
         data = plain_values.encode(input)
         if self._topology().world_size == 1:
             return [plain_values.decode(data)]
+        process_group.connect("fleet.util.all_gather")
         with waiting_in("fleet.util.all_gather"), process_group.dynamic_mode():
             parts = _all_gather_bytes(data)
         return [plain_values.decode(part) for part in parts]
@@ -91,7 +93,7 @@ class JobValues:
         """Block until every rank gets here."""
         _check_comm_world(comm_world)
         with waiting_in("fleet.util.barrier"):
-            process_group.barrier()
+            process_group.barrier("fleet.util.barrier")
 
     def print_on_rank(self, message, rank_id):
         """Print `message` on rank `rank_id` only."""

@@ -16,6 +16,11 @@ A script that called `paddle.distributed.init_parallel_env()` first already has 
 a store at the master port: `bring_up` adopts both (a second store there would abort rank 0).
 `init_parallel_env()` after `bring_up` finds the group and returns it, as in Paddle's Fleet.
 Paddle creates process groups in dynamic mode; `bring_up` switches to it and back.
+
+`fleet.init` in static mode only `defer`s the rendezvous: as in Paddle, which connects when the
+startup program runs, building, compiling and inspecting programs needs no live job (Paddle's
+own meta-optimizer tests pose as rank 1 of 2 and never run). The first call that needs the other
+ranks `connect`s, with the same deadline, and a failure names that call.
 """
 import contextlib
 import hashlib
@@ -42,6 +47,7 @@ GROUP_NAME = "_default_pg"   # the name Paddle gives its default group
 
 _store = None
 _server = None   # rank 0's RendezvousStore
+_deferred = None   # the (topology, timeout) fleet.init left for the first call that needs peers
 
 
 def init_timeout(environ=os.environ):
@@ -70,6 +76,32 @@ def bring_up(topology, timeout):
     with dynamic_mode():
         _store = _rendezvous(host, int(port), topology, timeout)
         _register_default_group(_store, topology)
+
+
+def defer(topology, timeout):
+    """Meet the other ranks of `topology` later, at the first `connect` (nothing for a world of 1)."""
+    global _deferred
+    if topology.world_size > 1 and _store is None:
+        _deferred = (topology, timeout)
+
+
+def deferred():
+    """Whether a rendezvous waits for the first call that needs the other ranks."""
+    return _deferred is not None
+
+
+def connect(needed_by):
+    """Bring up the deferred rendezvous now, if there is one; `needed_by` (the call that needs the
+    other ranks) is named in the error when they do not come within the deadline."""
+    global _deferred
+    if _deferred is None:
+        return
+    (topology, timeout), _deferred = _deferred, None
+    try:
+        bring_up(topology, timeout)
+    except TopologyError as exc:
+        raise TopologyError(f"{needed_by} met the other ranks (fleet.init in static mode waits for the "
+                            f"first call that needs them) and failed: {exc}") from exc
 
 
 @contextlib.contextmanager
@@ -186,8 +218,14 @@ def _register_default_group(store, topology):
     parallel_helper._set_parallel_ctx(True)
 
 
-def barrier():
+def world_group():
+    """The default group: every rank of the job (after bring_up)."""
+    return paddle_collective._get_default_group()
+
+
+def barrier(needed_by="a barrier"):
     """Wait until every rank gets here (works in static mode, unlike dist.barrier)."""
+    connect(needed_by)
     if _store is not None:
         paddle_collective._get_default_group().process_group.barrier().wait()
 

@@ -7,7 +7,7 @@ and ranges name the allowed values), sections are live views, and loads replace 
 """
 import functools
 
-from fleetlite.strategy import files as strategy_files, knob_accounting, pass_registry, schema
+from fleetlite.strategy import files as strategy_files, hybrid_degrees, knob_accounting, pass_registry, schema
 from fleetlite.data import settings as data_settings
 from fleetlite.errors import StrategyConflictError
 from fleetlite.proto import strategy_pb2
@@ -27,6 +27,9 @@ UNSUPPORTED = {
     "with_coordinator": "parameter-server modes are not supported (fleetlite is collective only)",
     "adam_d2sum": "parameter-server modes are not supported (fleetlite is collective only)",
 }
+# Paddle's own attribute spellings of a schema field (its DistributedStrategy has both names).
+ALIASES = {"_fuse_grad_size_in_TFLOPS": "fuse_grad_size_in_TFLOPS"}
+
 
 class DistributedStrategy:
     """How to train: every knob of the strategy schema, validated on each write."""
@@ -37,12 +40,12 @@ class DistributedStrategy:
 
     # --- Fleet-compatible attribute access ---------------------------------------------
     def __getattr__(self, name):
-        if name.startswith("_"):
+        if name.startswith("_") and name not in ALIASES:
             raise AttributeError(name)
-        return schema.read(self._proto, name)
+        return schema.read(self._proto, ALIASES.get(name, name))
 
     def __setattr__(self, name, value):
-        schema.assign(self._proto, name, value)
+        schema.assign(self._proto, ALIASES.get(name, name), value)
 
     def __eq__(self, other):
         return isinstance(other, DistributedStrategy) and self.to_dict(False) == other.to_dict(False)
@@ -115,6 +118,7 @@ class DistributedStrategy:
                 raise StrategyConflictError(f"'{field}' is set but {reason}", field=field,
                                             value=True, fix=f"set {field}: false")
         knob_accounting.check_conflicting_knobs(self)
+        hybrid_degrees.check(self._proto.hybrid_configs, topology)
         data_settings.check(self._proto.data_configs, topology)
         pass_registry.check_strategy(self, topology)
         return self

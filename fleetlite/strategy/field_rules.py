@@ -93,4 +93,12 @@ RULES = {
     "data_configs.cache_levels": OneOf("disk", "memory"),
     "data_configs.memory_cache_MB": AT_LEAST_0,
     "data_configs.loader": OneOf("paddle", "dali"),
+    "hybrid_configs.dp_degree": Range(low=-1),
+    **{f"hybrid_configs.{axis}_degree": AT_LEAST_0
+       for axis in ("mp", "pp", "sharding", "sep", "ep", "moe_sharding", "cp", "cp_sharding")},
+    "hybrid_configs.order": OneOf("dp", "pp", "sharding", "sep", "cp", "mp", "ep", "moe_sharding"),
+    "hybrid_configs.mp_configs.sync_mode": OneOf("broadcast", "average"),
+    "hybrid_configs.pp_configs.sync_mode": OneOf("broadcast", "average"),
+    "hybrid_configs.sharding_configs.accumulate_steps": AT_LEAST_1,
+    "hybrid_configs.sharding_configs.comm_buffer_size_MB": AT_LEAST_0,
 }

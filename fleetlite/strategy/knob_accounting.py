@@ -9,8 +9,11 @@ asking for two things that cannot both hold.
 """
 from fleetlite.errors import CompileError, StrategyConflictError
 
-# Not compile knobs: other parts of fleetlite read them.
-ELSEWHERE = ("strict", "split_data", "data_configs")
+# Not compile knobs: other parts of fleetlite read them (the hybrid degrees: fleet.init's check
+# and fleet.get_hybrid_communicate_group).
+ELSEWHERE = ("strict", "split_data", "data_configs",
+             *(f"hybrid_configs.{axis}_degree" for axis in ("dp", "mp", "pp", "sharding", "sep", "cp", "ep",
+                                                            "moe_sharding", "cp_sharding")))
 
 # Knobs that legitimately need no work in fleetlite's collective static programs.
 NO_WORK = {
@@ -25,6 +28,8 @@ NO_WORK = {
                        "are communicated; fused accumulators would need coalesce_tensor views, which do not see "
                        "an in-place all-reduce on CPU",
     "fuse_grad_size_in_num": "it sizes fuse_grad_merge's groups, which fleetlite does not build (see fuse_grad_merge)",
+    "hybrid": "it configures the groups of hybrid parallelism's other axes (model, pipeline, sharding, ...), "
+              "which are one rank each in fleetlite's dp-only topology",
 }
 NOT_YET = "no fleetlite pass implements it yet"
 
@@ -48,7 +53,7 @@ def unclaimed_knobs(strategy, claimed):
     """[(knob, reason)] for set knobs outside `claimed` (dotted field names read by passes)."""
     groups = {}
     for field in strategy.non_default():
-        if field in claimed or field.split(".")[0] in ELSEWHERE:
+        if field in claimed or field in ELSEWHERE or field.split(".")[0] in ELSEWHERE:
             continue
         top = field.split(".")[0]
         knob = top[: -len("_configs")] if top.endswith("_configs") else top

@@ -4,6 +4,10 @@
 with `read_topology`. Jobs started by other schedulers work too: Open MPI (`mpirun`) and Slurm
 (`srun`) variables are read when fleetrun's are absent.
 
+Paddle's variables are read by Paddle's own rules (its collective role maker): the rank is
+PADDLE_TRAINER_ID (0 when unset), the world is PADDLE_TRAINERS_NUM or else the number of
+PADDLE_TRAINER_ENDPOINTS (either variable marks a job), one process when neither is set.
+
 Precedence (one rule): fleetrun/Paddle variables > Open MPI > Slurm. The first source that
 defines a rank is used; if a later source also defines one and disagrees, one line says which
 was used and why. (Open MPI ranks beat Slurm's because `mpirun` inside an allocation inherits
@@ -90,8 +94,17 @@ def _gpu_id(environ):
 
 
 def _from_paddle(environ):
-    rank, world = _int(environ, TRAINER_ID, "fleetrun"), _int(environ, TRAINERS_NUM, "fleetrun")
+    rank = _int(environ, TRAINER_ID, "fleetrun") if TRAINER_ID in environ else 0
     endpoints = [e for e in environ.get(TRAINER_ENDPOINTS, "").split(",") if e]
+    if TRAINERS_NUM in environ:
+        world = _int(environ, TRAINERS_NUM, "fleetrun")
+    elif endpoints:
+        world = len(endpoints)
+    elif rank == 0:
+        world = 1
+    else:
+        raise TopologyError(f"{TRAINER_ID}={rank} but neither {TRAINERS_NUM} nor {TRAINER_ENDPOINTS} "
+                            f"says how many ranks the job has: export one of them")
     if not endpoints:
         master = environ.get(MASTER, "127.0.0.1:6070")
         endpoints = [master] * world
@@ -147,22 +160,27 @@ def _from_slurm(environ):
                 endpoints=_master_endpoints(environ, world, "Slurm"))
 
 
-SOURCES = (  # (name, variable that marks it present, reader), in precedence order
-    ("fleetrun", TRAINER_ID, _from_paddle),
-    ("Open MPI", "OMPI_COMM_WORLD_RANK", _from_mpi),
-    ("Slurm", "SLURM_PROCID", _from_slurm),
+SOURCES = (  # (name, its rank variable, other variables that mark it present, reader), in precedence order
+    ("fleetrun", TRAINER_ID, (TRAINER_ENDPOINTS,), _from_paddle),
+    ("Open MPI", "OMPI_COMM_WORLD_RANK", (), _from_mpi),
+    ("Slurm", "SLURM_PROCID", (), _from_slurm),
 )
+
+
+def _present(environ):
+    return [(name, marker, reader) for name, marker, also, reader in SOURCES
+            if any(variable in environ for variable in (marker,) + also)]
 
 
 def describes_a_job(environ):
     """Whether a launcher (fleetrun, Open MPI or Slurm) set this process's place in a job."""
-    return any(marker in environ for _, marker, _ in SOURCES)
+    return bool(_present(environ))
 
 
 def read_topology(environ, warn=None):
     """This process's Topology from an environment mapping; rank 0 of 1 when no source is set."""
     warn = warn or (lambda line: print(line, file=sys.stderr))
-    present = [(name, marker, reader) for name, marker, reader in SOURCES if marker in environ]
+    present = _present(environ)
     device, device_id = _device(environ)
     if not present:
         return Topology(device=device, device_id=device_id if device == "gpu" else None)

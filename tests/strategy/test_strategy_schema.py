@@ -122,6 +122,21 @@ def test_unknown_field_names_the_closest(field, value, fix):
     assert info.value.field == field and fix in str(info.value)
 
 
+def test_unknown_field_is_a_type_error_as_in_paddle():
+    """Paddle's strategy raises TypeError for an unknown attribute: `except TypeError` must catch ours."""
+    with pytest.raises(TypeError) as info:
+        fleet.DistributedStrategy().unknown_key = 1
+    assert isinstance(info.value, (UnknownFieldError, AttributeError, ValueError))
+    assert str(info.value).startswith("unknown strategy field 'unknown_key'")
+
+
+def test_paddle_spelling_of_fuse_grad_size_in_tflops_is_the_same_field():
+    s = fleet.DistributedStrategy()
+    s._fuse_grad_size_in_TFLOPS = 3.5
+    assert s.fuse_grad_size_in_TFLOPS == 3.5 and s._fuse_grad_size_in_TFLOPS == 3.5
+    assert s.non_default() == {"fuse_grad_size_in_TFLOPS": 3.5}
+
+
 def test_unknown_field_inside_a_config_dict():
     with pytest.raises(UnknownFieldError) as info:
         fleet.DistributedStrategy().amp_configs = {"init_loss_scalling": 8}
@@ -159,11 +174,13 @@ CHOICE_FIELDS = [(path, rule) for path, rule in RULES.items() if isinstance(rule
 def test_wrong_type_for_a_field_of_choices_lists_the_choices(path, rule, wrong):
     """Every field whose rule is a set of choices, given a value of the wrong type (an int where a
     string goes, a string where an int goes, ...), names the choices, not just the type."""
-    section, name = path.rsplit(".", 1) if "." in path else (None, path)
-    target = getattr(fleet.DistributedStrategy(), section) if section else fleet.DistributedStrategy()
+    *sections, name = path.split(".")
+    target = fleet.DistributedStrategy()
+    for section in sections:
+        target = getattr(target, section)
     wrong = "0" if wrong is None and isinstance(rule.choices[0], int) else wrong
     with pytest.raises(FieldTypeError) as info:
-        target[name] = [wrong] if path == "data_configs.cache_levels" else wrong
+        target[name] = [wrong] if schema._is_repeated(_field(path)) else wrong
     assert info.value.field == path
     assert str(info.value).endswith(f"; set it to {schema._type_name(_field(path))}, {rule.describe()}"), str(info.value)
 

@@ -1,6 +1,7 @@
 """Topology values and the launcher -> worker environment contract, as whole tables."""
 import pytest
 
+from fleetlite.topology import env_contract
 from fleetlite.topology.env_contract import read_topology, worker_env
 from fleetlite.errors import TopologyError
 from fleetlite.topology.topology import Topology
@@ -60,6 +61,31 @@ def test_paddle_variables_full_table():
     topology, _ = _read(env)
     assert (topology.rank, topology.local_rank, topology.local_size, topology.node_rank,
             topology.node_count, topology.device, topology.device_id) == (3, 1, 2, 1, 2, "gpu", 1)
+
+
+def test_world_size_from_the_endpoints_when_trainers_num_is_unset():
+    """Paddle's collective role maker counts the endpoints (Paddle's own fleet unit tests set no
+    PADDLE_TRAINERS_NUM)."""
+    topology, _ = _read({"PADDLE_TRAINER_ID": "1", "PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:36001,127.0.0.1:36002"})
+    assert (topology.rank, topology.world_size, topology.endpoints) == (1, 2, ("127.0.0.1:36001", "127.0.0.1:36002"))
+
+
+def test_endpoints_without_a_trainer_id_are_rank_0_of_the_endpoints():
+    """As Paddle: the rank defaults to 0 and the endpoints still make the job."""
+    env = {"PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:36001,127.0.0.1:36002,127.0.0.1:36003"}
+    topology, _ = _read(env)
+    assert (topology.rank, topology.world_size) == (0, 3)
+    assert list(topology.endpoints) == env["PADDLE_TRAINER_ENDPOINTS"].split(",")
+    assert env_contract.describes_a_job(env)
+
+
+def test_a_trainer_id_alone_is_one_process_at_rank_0_and_an_error_above():
+    topology, _ = _read({"PADDLE_TRAINER_ID": "0"})
+    assert topology.world_size == 1
+    with pytest.raises(TopologyError) as info:
+        _read({"PADDLE_TRAINER_ID": "1"})
+    assert str(info.value) == ("PADDLE_TRAINER_ID=1 but neither PADDLE_TRAINERS_NUM nor PADDLE_TRAINER_ENDPOINTS "
+                               "says how many ranks the job has: export one of them")
 
 
 @pytest.mark.parametrize("env, words", [
