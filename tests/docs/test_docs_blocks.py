@@ -70,6 +70,7 @@ def _run_in_scratch(page_blocks, folder):
         output, _ = child.communicate()
         pytest.fail(f"the blocks still ran after {PAGE_TIMEOUT_S} s:\n{output[-4000:]}")
     assert child.returncode == 0, output[-6000:]
+    print(output)
 
 
 PAGES_WITH_BLOCKS = [page for page in pages() if _runnable(page)]

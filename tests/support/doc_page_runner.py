@@ -10,6 +10,7 @@ executed in one namespace (a later block sees an earlier block's names, as in on
 import json
 import subprocess
 import sys
+import time
 import traceback
 
 COMMAND_TIMEOUT_S = 150
@@ -37,6 +38,7 @@ def main(steps_file):
         steps = json.load(file)
     namespace = {"__name__": "__main__"}
     for step in steps:
+        started = time.perf_counter()
         try:
             if step["kind"] == "python":
                 run_python(step, namespace)
@@ -49,7 +51,7 @@ def main(steps_file):
             traceback.print_exc()
             sys.stdout.flush()
             sys.exit(1)
-        print(f"ok: {step['where']}", flush=True)
+        print(f"ok in {time.perf_counter() - started:.1f} s: {step['where']} {step['text'][:60]!r}", flush=True)
 
 
 if __name__ == "__main__":
