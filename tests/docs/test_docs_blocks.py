@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from support.multiprocess import QUIET_CPU, clean_environment
 
 TESTS = REPOSITORY / "tests"
 PAGE_TIMEOUT_S = 240
+PAGES_AT_ONCE = 2   # a page's child mostly waits (Paddle's import, its workers): two keep 2 cores busy
 SCRATCH_LINKS = ("configs", "examples")
 LOOKS_LIKE_A_COMMAND = re.compile(r"^\s*(fleetrun --|fleetlite (run|strategy|explain|tune) |python |pip install|make |import )")
 
@@ -81,14 +83,28 @@ def _run_in_scratch(page_blocks, folder):
     return child.returncode, output
 
 
+def _run_page(page, folder):
+    scratch = folder / "scratch"
+    scratch.mkdir()
+    return _run_in_scratch(_runnable(page), scratch)
+
+
 PAGES_WITH_BLOCKS = [page for page in pages() if _runnable(page)]
 
 
+@pytest.fixture(scope="module")
+def page_runs(request, tmp_path_factory):
+    """Every selected page's run, started at once, PAGES_AT_ONCE at a time, longest first."""
+    selected = [item.callspec.params["page"] for item in request.session.items
+                if getattr(item, "originalname", "") == "test_page_blocks_run_as_written"]
+    selected.sort(key=lambda page: -len(_steps(_runnable(page))))
+    with ThreadPoolExecutor(PAGES_AT_ONCE) as pool:
+        yield {page: pool.submit(_run_page, page, tmp_path_factory.mktemp("page")) for page in selected}
+
+
 @pytest.mark.parametrize("page", PAGES_WITH_BLOCKS)
-def test_page_blocks_run_as_written(page, tmp_path):
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    status, output = _run_in_scratch(_runnable(page), scratch)
+def test_page_blocks_run_as_written(page, page_runs):
+    status, output = page_runs[page].result()
     assert status == 0, output[-6000:]
     print(output)
 
