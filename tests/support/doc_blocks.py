@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[2]
+TESTS_ROOT = REPOSITORY / "tests"
 RUN_LANGUAGES = {"python": "python", "bash": "bash", "sh": "bash", "shell": "bash", "yaml": "yaml"}
 TEXT_LANGUAGES = {"", "text"}
 MARKER = re.compile(r"^<!--\s*(fragment|save-as):\s*(\S+)\s*-->\s*$")
@@ -43,7 +44,11 @@ def pages():
 
 def blocks(page):
     """The fenced blocks of `page`, each with the marker on the line before its fence."""
-    lines = (REPOSITORY / page).read_text(encoding="utf-8").splitlines()
+    return blocks_of_text(page, (REPOSITORY / page).read_text(encoding="utf-8"))
+
+
+def blocks_of_text(page, text):
+    lines = text.splitlines()
     found, index = [], 0
     while index < len(lines):
         opening = FENCE.match(lines[index])
@@ -64,15 +69,16 @@ def blocks(page):
 
 def command_lines(block):
     """A shell block's commands: continuation lines joined, blank and comment-only lines dropped."""
-    commands, pending = [], ""
+    commands, pending = [], []
     for line in block.text.splitlines():
-        pending += line.rstrip()
-        if pending.endswith("\\"):
-            pending = pending[:-1] + " "
+        pending.append(line.strip())
+        if pending[-1].endswith("\\"):
+            pending[-1] = pending[-1][:-1].rstrip()
             continue
-        if pending.strip() and not pending.lstrip().startswith("#"):
-            commands.append(pending.strip())
-        pending = ""
+        command = " ".join(pending).strip()
+        if command and not command.startswith("#"):
+            commands.append(command)
+        pending = []
     return commands
 
 
