@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from support.doc_blocks import REPOSITORY, blocks, command_lines, expected_exit_status, pages
+from support.doc_blocks import REPOSITORY, TESTS_ROOT, blocks, command_lines, expected_exit_status, pages
 from support.multiprocess import QUIET_CPU, clean_environment
 
-TESTS = REPOSITORY / "tests"
 PAGE_TIMEOUT_S = 240
 PAGES_AT_ONCE = 2   # a page's child mostly waits (Paddle's import, its workers): two keep 2 cores busy
 SCRATCH_LINKS = ("configs", "examples")
@@ -69,7 +68,7 @@ def _run_in_scratch(page_blocks, folder):
         (folder / name).symlink_to(REPOSITORY / name)
     steps_file = folder.parent / f"{folder.name}.steps.json"
     steps_file.write_text(json.dumps(_steps(page_blocks)))
-    environ = {**clean_environment(), **QUIET_CPU, "PYTHONPATH": str(TESTS),
+    environ = {**clean_environment(), **QUIET_CPU, "PYTHONPATH": str(TESTS_ROOT),
                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     child = subprocess.Popen([sys.executable, "-m", "support.doc_page_runner", str(steps_file)], cwd=folder,
                              env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -89,7 +88,7 @@ def _run_page(page, folder):
     return _run_in_scratch(_runnable(page), scratch)
 
 
-PAGES_WITH_BLOCKS = [page for page in pages() if _runnable(page)]
+PAGES_WITH_BLOCKS = [page for page in pages() if any(step["kind"] != "save" for step in _steps(_runnable(page)))]
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +162,7 @@ def _tested_by_a_test(target):
         return True
     needle = re.compile(re.escape(target) + "|" + re.escape(Path(target).name))
     return any(needle.search(path.read_text(encoding="utf-8", errors="replace"))
-               for path in TESTS.rglob("*.py") if path.resolve() != Path(__file__).resolve())
+               for path in TESTS_ROOT.rglob("*.py") if path.resolve() != Path(__file__).resolve())
 
 
 def test_fragments_name_a_tested_file():
