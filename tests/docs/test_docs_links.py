@@ -18,17 +18,26 @@ def _page_text(page):
     return (REPOSITORY / page).read_text(encoding="utf-8")
 
 
+def _anchors(path):
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces to '-'."""
+    headings = re.findall(r"^#+\s+(.+?)\s*$", path.read_text(encoding="utf-8"), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
 def test_markdown_links_resolve_inside_the_repository():
     problems = []
     for page in pages():
         for target in LINK.findall(_page_text(page)):
-            if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+            if re.match(r"^[a-z]+:", target):
                 continue
-            path = ((REPOSITORY / page).parent / target.split("#")[0]).resolve()
+            file_part, _, anchor = target.partition("#")
+            path = ((REPOSITORY / page).parent / file_part).resolve()
             if REPOSITORY not in path.parents and path != REPOSITORY:
                 problems.append(f"{page}: link {target} leaves the repository")
             elif not path.exists():
                 problems.append(f"{page}: link {target} names no file")
+            elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+                problems.append(f"{page}: link {target} names no heading of {file_part or page}")
     assert not problems, "\n".join(problems)
 
 
