@@ -30,6 +30,9 @@ from workers import eager_loop_worker
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "workers" / "eager_loop_worker.py"
 TOLERANCE = 1e-5
+# Paddle 3.3.1's own init_parallel_env() aborts now and then while its store starts (libuv, before
+# fleetlite runs: about 1 job in 30 here, more under load); such a job is run once more.
+PADDLE_STORE_ABORT = "uv__finish_close: Assertion"
 ORDERS = ("paddle_first", "fleet_first")
 TWO_CPU_RANKS = Topology(rank=0, world_size=2, local_size=2, endpoints=("127.0.0.1:6070", "127.0.0.1:6071"))
 TWO_GPU_RANKS = Topology(rank=0, world_size=2, local_size=2, endpoints=("127.0.0.1:6070", "127.0.0.1:6071"),
@@ -41,10 +44,13 @@ def jobs(tmp_path_factory):
     """{order: [each rank's result]} of one 2-rank fleetrun job per order of bring-up."""
     results = {}
     for order in ORDERS:
-        out = tmp_path_factory.mktemp(order)
-        run = subprocess.run([sys.executable, "-m", "fleetlite.cli", "run", "--nproc_per_node", "2",
-                              "--log_dir", str(out / "log"), str(WORKER), str(out), order],
-                             cwd=out, env=clean_environment(), capture_output=True, text=True, timeout=150)
+        for attempt in range(2):
+            out = tmp_path_factory.mktemp(order)
+            run = subprocess.run([sys.executable, "-m", "fleetlite.cli", "run", "--nproc_per_node", "2",
+                                  "--log_dir", str(out / "log"), str(WORKER), str(out), order],
+                                 cwd=out, env=clean_environment(), capture_output=True, text=True, timeout=150)
+            if not (order == "paddle_first" and PADDLE_STORE_ABORT in run.stdout + run.stderr):
+                break
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         results[order] = [json.loads((out / f"result.{rank}.json").read_text()) for rank in range(2)]
     return results
