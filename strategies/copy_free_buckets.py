@@ -123,7 +123,10 @@ def _make_copy_free(context, bucket, collective, scale):
     numel = sum(math.prod(g.grad.shape) for g in grads)
     with context.edit():
         buffer = bucket_views.new_buffer(bucket.dtype, numel)
+        names = [bucket_views.new_gradient_variable(g.grad, g.name) for g in grads]
     with context.edit(before=collective) as created:
+        for grad, name in zip(grads, names):
+            bucket_views.keep_in_scope(grad.grad, name)
         packed = bucket_views.pack([g.grad for g in grads], buffer, scale)
         reduced = paddle._C_ops.all_reduce_(packed, 0, gradient_buckets.SUM)
         views = bucket_views.alias(reduced, [g.grad for g in grads])
@@ -132,6 +135,5 @@ def _make_copy_free(context, bucket, collective, scale):
         if grad.synced.is_same(old):
             grad.synced = view
         old.replace_all_uses_with(view)
-        grad.grad.persistable = True
     program_edit.remove_ops(context.block, bucket.ops)
     bucket.ops, bucket.outputs = created, views
