@@ -28,7 +28,7 @@ the buffers (`is_bucket_state`), and the gradients are no parameter or optimizer
 import ctypes
 import os
 
-from fleetlite.paddle_compat import quiet_warnings as paddle_noise
+from fleetlite.paddle_compat import quiet_warnings as paddle_noise, steps_plan
 from fleetlite.compile.kernel_library import KernelLibrary
 
 with paddle_noise.importing_paddle():       # a plain `import fleetlite.compile.bucket_views` may be Paddle's first
@@ -61,6 +61,11 @@ def new_gradient_variable(grad, param_name):
         initial.persistable = True
         paddle._C_ops.set_persistable_value(initial, name)
     return name
+
+
+def can_keep_gradients(steps_per_run):
+    """Whether keep_in_scope works in a program run `steps_per_run` steps per executor call."""
+    return steps_plan.custom_ops_read_named_persistables(steps_per_run)
 
 
 def keep_in_scope(grad, name):

@@ -16,6 +16,7 @@ LAST_NEEDED = {
     "eager parameter list": (3, 3),    # static_execution.eager_parameters_hidden
     "SIGTERM crash report": (3, 3),    # termination.quiet_sigterm
     "ExecutionStrategy removed": (3, 3),   # removed_names.fix_for
+    "N-step plan and named persistable custom-op inputs": (3, 3),   # steps_plan.custom_ops_read_named_persistables
 }
 
 
