@@ -21,9 +21,9 @@ cached by fleetlite.compile.kernel_library):
 Both fall back to a copy for anything not in place, so the result is right whatever a Paddle
 version does with the memory; `counts()` says how often they had to (the steady state is 0).
 
-The bucket buffers and the persistable gradients are no training state: fleetlite's saving skips
-the buffers (`is_bucket_state`), and the gradients are no parameter or optimizer state to Paddle's
-(they are written by backward, not by a `pd_op.data`).
+The bucket buffers and the kept gradients are no training state: fleetlite's saving and the
+dygraph step's optimizer state skip them (`is_bucket_variable`); to Paddle's `save` the
+gradients are no parameter or optimizer state either (backward writes them, not a `pd_op.data`).
 """
 import ctypes
 import os
@@ -86,15 +86,16 @@ def alias(buffer, grads):
     return list(paddle._C_ops._run_custom_op(ALIAS, buffer, list(grads)))
 
 
-def is_bucket_buffer(name):
-    """True for the name of a copy-free bucket's buffer: persistable for the run, but no
-    checkpoint or optimizer state holds it (it is rebuilt at every step)."""
-    return name.startswith(BUFFER_PREFIX)
+def is_bucket_variable(name):
+    """True for the name of a variable the copy-free buckets keep (a buffer, a kept gradient):
+    persistable for the run, but no checkpoint or optimizer state holds it (it is rewritten at
+    every step)."""
+    return name.startswith(BUFFER_PREFIX) or name.endswith(GRADIENT_SUFFIX)
 
 
 def is_bucket_state(value):
     """True for what the copy-free buckets keep persistable but saving must skip."""
-    return value.persistable and is_bucket_buffer(value.name) if value.has_name else False
+    return value.persistable and is_bucket_variable(value.name) if value.has_name else False
 
 
 def counts():
