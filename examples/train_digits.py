@@ -5,11 +5,13 @@
 The data come from `fleetlite.data.loader` (the strategy's data_configs pick the sampler): each
 step every rank takes its slice of the same global batch, so N processes follow the trajectory
 of one process on the full batch, and the test accuracy is summed over the ranks, each sample
-counted once. With --checkpoint_dir, the parameters are saved
-after every epoch and a restarted job (fleetrun --max_restarts) resumes from the last one.
+counted once. With --checkpoint_dir, the parameters and optimizer state are saved after every
+epoch, as the folder `epoch_<N>`, and a restarted job (fleetrun --max_restarts) resumes from the
+newest one where the uninterrupted job would have been (tests/runtime/test_example_resume.py).
 """
 import argparse
 import os
+import shutil
 import time
 
 import numpy as np
@@ -82,30 +84,40 @@ def build(hidden, lr, strategy, model="mlp"):
     return main, startup, test_program, loss, test_logits, optimizer.compile_report
 
 
-def checkpoint_path(directory):
-    return os.path.join(directory, "digits_checkpoint.npz") if directory else None
+CHECKPOINT_PREFIX = "epoch_"
 
 
-def persistable_names(main):
-    """Parameters and optimizer state (velocities, learning rate): all a resume needs."""
-    return [v.name for v in main.list_vars() if v.persistable]
+def latest_checkpoint(directory):
+    """(epoch, folder) of the newest checkpoint in `directory`, or (None, None).
+
+    Each checkpoint is the folder `epoch_<N>` that fleet.save_persistables wrote after epoch N:
+    the epoch is saved with the parameters, since the folder appears complete or not at all."""
+    if not directory or not os.path.isdir(directory):
+        return None, None
+    epochs = [int(name[len(CHECKPOINT_PREFIX):]) for name in os.listdir(directory)
+              if name.startswith(CHECKPOINT_PREFIX) and name[len(CHECKPOINT_PREFIX):].isdigit()]
+    if not epochs:
+        return None, None
+    return max(epochs), os.path.join(directory, f"{CHECKPOINT_PREFIX}{max(epochs)}")
 
 
-def save_checkpoint(path, main, epoch):
-    scope = paddle.static.global_scope()
-    arrays = {name: np.array(scope.var(name).get_tensor()) for name in persistable_names(main)}
-    np.savez(path + ".tmp.npz", epoch=epoch, **arrays)
-    os.replace(path + ".tmp.npz", path)
+def save_checkpoint(exe, directory, main, epoch):
+    """Every rank calls it: the first worker writes parameters and optimizer state (velocities,
+    learning rate; under pto every rank's shard) as `epoch_<epoch>`, then drops the older ones."""
+    fleet.save_persistables(exe, os.path.join(directory, f"{CHECKPOINT_PREFIX}{epoch}"), main)
+    if fleet.is_first_worker():
+        for name in os.listdir(directory):
+            if name.startswith(CHECKPOINT_PREFIX) and name != f"{CHECKPOINT_PREFIX}{epoch}":
+                shutil.rmtree(os.path.join(directory, name))
 
 
-def restore_checkpoint(path, main, place):
-    if not path or not os.path.exists(path):
+def restore_checkpoint(exe, directory, main):
+    """The epoch to start from: 0, or the one after the newest checkpoint, loaded on every rank."""
+    epoch, folder = latest_checkpoint(directory)
+    if epoch is None:
         return 0
-    saved = np.load(path)
-    scope = paddle.static.global_scope()
-    for name in persistable_names(main):
-        scope.var(name).get_tensor().set(saved[name], place)
-    return int(saved["epoch"]) + 1
+    fleet.load_model(folder, executor=exe, main_program=main)
+    return epoch + 1
 
 
 def run_epoch(exe, main_program, loss, train):
@@ -134,13 +146,11 @@ def main():
         raise SystemExit(f"--batch_size {args.batch_size} must be divisible by the {world} workers")
     paddle.seed(0)
     main_program, startup, test_program, loss, test_logits, _ = build(args.hidden, args.lr, strategy, args.model)
-    place = paddle.CPUPlace()
-    exe = paddle.static.Executor(place)
+    exe = paddle.static.Executor(paddle.CPUPlace())
     exe.run(startup)
-    checkpoint = checkpoint_path(args.checkpoint_dir)
-    first_epoch = restore_checkpoint(checkpoint, main_program, place)
+    first_epoch = restore_checkpoint(exe, args.checkpoint_dir, main_program)
     if first_epoch and rank == 0:
-        print(f"resumed from {checkpoint} at epoch {first_epoch}", flush=True)
+        print(f"resumed from {args.checkpoint_dir} at epoch {first_epoch}", flush=True)
 
     x_train, x_test, y_train, y_test = load_data()
     train = fleetlite.data.loader(Digits(x_train, y_train), strategy, args.batch_size // world, drop_last=True)
@@ -153,8 +163,8 @@ def main():
             throughput = len(losses) * args.batch_size / elapsed
             print(f"epoch {epoch}: loss {np.mean(losses):.4f} (last step {losses[-1]:.4f}), "
                   f"{throughput:.0f} samples/s over {world} workers", flush=True)
-            if checkpoint:
-                save_checkpoint(checkpoint, main_program, epoch)
+        if args.checkpoint_dir:
+            save_checkpoint(exe, args.checkpoint_dir, main_program, epoch)
         fleet.barrier_worker()
 
     accuracy, count = evaluate(exe, test_program, test_logits, Digits(x_test, y_test), strategy)

@@ -17,6 +17,9 @@ A bucket stays on the copying path, with the reason in the report, when
 - the kernels cannot be built here (no C++ compiler): then every bucket, and the report says so
   once.
 Single-gradient buckets are already reduced in place, without a copy.
+Under execution_strategy.num_iteration_per_run > 1 the gradients are not kept between steps
+(Paddle 3.3's N-step plan crashes on them, fleetlite.paddle_compat.steps_plan): the buckets are
+still one collective each, and the pack copies each gradient in (the report says so).
 """
 import math
 
@@ -27,6 +30,8 @@ from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 from fleetlite.strategies.gradient_merge import GradientMerge
 
 COPY_FREE = "copy-free"
+NOT_KEPT = ("Paddle's N-step plan (execution_strategy.num_iteration_per_run) cannot run "
+            "with the gradients kept as persistable variables")
 
 
 class CopyFreeBuckets(Pass):
@@ -63,6 +68,8 @@ class CopyFreeBuckets(Pass):
             return PassResult("no bucket holds several gradients: each is reduced on its own, without packing")
         free = [b.index for b in multi if b.path == COPY_FREE]
         summary = f"{len(free)} of {len(multi)} multi-gradient buckets copy-free"
+        if free and not _keeps_gradients(context):
+            summary += f" (the pack copies every gradient in at each step: {NOT_KEPT})"
         if reasons:
             summary += "; " + "; ".join(f"bucket {index} copies: {why}" for index, why in reasons.items())
         return PassResult(summary, {"copy_free": free, "copying": reasons})
@@ -118,12 +125,21 @@ def _ancestors(op):
     return seen
 
 
+def _keeps_gradients(context):
+    """Whether the bucket's gradients can be kept between steps (see bucket_views.keep_in_scope)."""
+    return bucket_views.can_keep_gradients(context.strategy.execution_strategy.num_iteration_per_run)
+
+
 def _make_copy_free(context, bucket, collective, scale):
     grads = [context.gradients[i] for i in bucket.members]
     numel = sum(math.prod(g.grad.shape) for g in grads)
+    kept = _keeps_gradients(context)
     with context.edit():
         buffer = bucket_views.new_buffer(bucket.dtype, numel)
+        names = [bucket_views.new_gradient_variable(g.grad, g.name) for g in grads] if kept else []
     with context.edit(before=collective) as created:
+        for grad, name in zip(grads, names):
+            bucket_views.keep_in_scope(grad.grad, name)
         packed = bucket_views.pack([g.grad for g in grads], buffer, scale)
         reduced = paddle._C_ops.all_reduce_(packed, 0, gradient_buckets.SUM)
         views = bucket_views.alias(reduced, [g.grad for g in grads])
@@ -132,6 +148,5 @@ def _make_copy_free(context, bucket, collective, scale):
         if grad.synced.is_same(old):
             grad.synced = view
         old.replace_all_uses_with(view)
-        grad.grad.persistable = True
     program_edit.remove_ops(context.block, bucket.ops)
     bucket.ops, bucket.outputs = created, views

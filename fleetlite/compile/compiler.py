@@ -78,6 +78,7 @@ def compile(program, params_grads, strategy, topology, registry=None, loss=None,
     report.records += [PassRecord(knob, "-", SKIPPED, reason=reason) for knob, reason in unclaimed]
     if topology.device == "cpu":
         invariants.check_gloo(context.block)      # also when no lowering pass ran
+    invariants.check_persistables_named(context.block)   # also what the optimizer's update made
     report.buckets = [b.describe(context.gradients) for b in context.buckets]
     used = {program_edit.int_attr(op, "ring_id") for op in program_edit.walk(context.block)} - {None}
     report.rings = [ring.describe(topology.rank) for ring in context.rings if ring.ring_id in used]

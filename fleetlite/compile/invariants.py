@@ -11,7 +11,10 @@ broke it instead of as wrong numbers many steps later.
   scatter-add of values all-gathered over a ring (sparse exchange: each rank's pairs, added by
   index, sum over that ring's group); an all-gather alone only concatenates. Through a
   `pd_op.if`, every branch's yielded value must pass;
-- on CPU, from the lowering on, the program only uses what gloo runs correctly (`check_gloo`).
+- on CPU, from the lowering on, the program only uses what gloo runs correctly (`check_gloo`);
+- every persistable value has a name (`check_persistables_named`): Paddle's save, load and
+  `state_dict()`, and user code listing `[v.name for v in program.list_vars() if v.persistable]`,
+  read the scope by it, and an unnamed one makes them raise.
 """
 import math
 
@@ -33,6 +36,7 @@ def check_all(context, phase):
     check_defined_before_use(context.block)
     check_rings_registered(context)
     check_gradients_reduced_once(context)
+    check_persistables_named(context.block)
     if context.topology.device == "cpu" and phase >= Phase.LOWERING:
         check_gloo(context.block)
 
@@ -45,6 +49,15 @@ def check_defined_before_use(block):
             if producer is not None and position.get(producer.id(), -1) >= i:
                 raise CompileError(f"{op.name()} (op {i}) reads a value that {producer.name()} "
                                    f"(op {position[producer.id()]}) only writes later")
+
+
+def check_persistables_named(block):
+    for i, op in enumerate(program_edit.walk(block)):
+        for result in op.results():
+            if result.initialized() and result.persistable and not result.has_name:
+                raise CompileError(f"{op.name()} (op {i}) makes a persistable value without a name: Paddle's "
+                                   f"save/load and list_vars() users need one; create it with "
+                                   f"create_persistable_value or name it with set_persistable_value")
 
 
 def check_rings_registered(context):

@@ -18,6 +18,7 @@ LAST_NEEDED = {
     "ExecutionStrategy removed": (3, 3),   # removed_names.fix_for
     "no CPU sync_batch_norm kernel": (3, 3),   # runtime.eager_sync_batch_norm.swap
     "GradScaler float() of its scale": (3, 3),   # scale_update.lowers_without_crashing
+    "N-step plan and named persistable custom-op inputs": (3, 3),   # steps_plan.custom_ops_read_named_persistables
 }
 
 

@@ -10,7 +10,9 @@ import contextlib
 import os
 import sys
 
-_FLEETLITE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# The whole package, not only runtime/: fleet.save_persistables (api.py) gathers pto's state
+# through fleet.util, and the report must name the script's call, not api.py's.
+_FLEETLITE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _listener = None
 
 

@@ -89,7 +89,7 @@ class TrainStep:
         learning_rate = self._optimizer.inner_opt._learning_rate_map.get(main)   # configuration, not state
         not_state = model_names | {learning_rate.name} if learning_rate is not None else model_names
         state_names = [name for name in _initialised(startup)
-                       if name not in not_state and not bucket_views.is_bucket_buffer(name)]
+                       if name not in not_state and not bucket_views.is_bucket_variable(name)]
         structured = {param.name: key for key, param in self._model.state_dict().items()}
         self._optimizer.compiled_state.bind(scope, optimizer_state.state_keys(state_names, structured),
                                             self._gathered_others(scope))

@@ -18,6 +18,7 @@ from paddle.base.framework import pir_op_role_guard
 from fleetlite.compile import compiler, program_edit
 from fleetlite.paddle_compat import value_clip as gradient_clip, quiet_warnings as paddle_noise
 from fleetlite.compile.report import CompileReport
+from fleetlite.errors import CompileError
 
 BROADCAST = "broadcast_parameters"
 
@@ -31,6 +32,7 @@ class DataParallelProgram:
 
 def build(loss, optimizer, strategy, topology, startup_program=None, parameter_list=None, no_grad_set=None):
     main = loss.block.program
+    check_built_in_one_program(main)
     startup = startup_program or paddle.static.default_startup_program()
     program_edit.tag_untagged_roles(main.global_block(), program_edit.FORWARD)
 
@@ -52,6 +54,26 @@ def build(loss, optimizer, strategy, topology, startup_program=None, parameter_l
     if topology.world_size > 1:
         report.startup[BROADCAST] = broadcast_parameters(startup)
     return DataParallelProgram(optimize_ops, reduced, report)
+
+
+def check_built_in_one_program(main):
+    """Refuse a loss that reads values of another program: a model built outside
+    `program_guard` puts its parameters in Paddle's default programs, backward then finds no
+    gradient to reduce or update, and the executor fails only at the first run (`Not found key
+    in IRMapping`)."""
+    own = {op.id() for op in program_edit.walk(main.global_block())}
+    foreign = []
+    for op in program_edit.walk(main.global_block()):
+        for source in op.operands_source():
+            producer = source.get_defining_op()
+            if producer is not None and producer.id() not in own:
+                name = source.name if source.has_name else producer.name()
+                foreign += [name] if name not in foreign else []
+    if foreign:
+        raise CompileError(f"the loss reads {', '.join(foreign)} from another program: the model was built "
+                           f"outside `with paddle.static.program_guard(main, startup):`, so its parameters "
+                           f"are in Paddle's default programs; create the layers inside the program_guard "
+                           f"that builds the data and the loss")
 
 
 def broadcast_parameters(startup):

@@ -171,12 +171,18 @@ def untagged(self, context):
     return PassResult("")
 
 
+def unnamed_persistable(self, context):
+    context.gradients[0].grad.persistable = True     # what the copy-free buckets once did
+    return PassResult("")
+
+
 @pytest.mark.parametrize("apply, message", [
     (reduce_again, "the gradient of linear_1.b_0 is summed over 4 ranks on its way to the optimizer, expected 2"),
     (scale_again, "the gradient of linear_1.b_0 is scaled by 0.25, expected 0.5"),
     (forget_reduction, "the gradient of linear_1.b_0 is summed over 1 ranks"),
     (unknown_ring, "pd_op.all_reduce_ uses ring 7, which no pass registered"),
     (untagged, "created ops without its provenance tag: pd_op.full"),
+    (unnamed_persistable, r"pd_op.add_grad \(op \d+\) makes a persistable value without a name"),
 ])
 def test_a_broken_pass_is_stopped_at_the_pass_that_broke_the_program(apply, message):
     registry = [DataParallel, broken("breaker", apply)]

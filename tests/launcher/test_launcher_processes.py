@@ -194,9 +194,7 @@ def test_ranks_in_different_collectives_are_stopped_at_the_stall_deadline_naming
     """Rank 0 in fleet.util.all_reduce, rank 1 in fleet.util.barrier: without fleetrun's stall
     watch, gloo would end the job after 30 s with a C++ traceback."""
     script = os.path.join(SCRIPTS, "fleet_save_idiom.py")
-    with open(script) as source:
-        lines = source.read().splitlines()
-    line_of = {marker: lines.index(next(l for l in lines if marker in l)) + 1
+    line_of = {marker: line_number(script, marker)
                for marker in ("fleet.util.all_reduce(1)", "fleet.util.barrier()       # the others")}
     started = time.monotonic()
     result = fleetrun(["--nproc_per_node", "2", "--job_id", "mismatch", "--collective_stall_timeout", "4",
@@ -212,6 +210,26 @@ def test_ranks_in_different_collectives_are_stopped_at_the_stall_deadline_naming
     assert "stopped by fleetrun: rank 0, rank 1" in result.stderr
     assert "C++ Traceback" not in result.stdout + result.stderr and "gloo" not in result.stderr
     assert elapsed < 30, f"{elapsed:.1f} s: gloo's timeout, not the stall deadline, ended the job"
+
+
+def line_number(script, marker):
+    """The number of the first line of `script` that contains `marker`."""
+    with open(script) as source:
+        return next(number for number, line in enumerate(source, start=1) if marker in line)
+
+
+def test_under_pto_the_stall_report_names_the_scripts_save_persistables_line(tmp_path):
+    """Fleet's idiom (only the first worker saves) under pto: save_persistables gathers the
+    sharded optimizer state through fleet.util, and the report must name the script's call of
+    it, not the line inside fleetlite that gathers."""
+    script = os.path.join(SCRIPTS, "fleet_save_idiom.py")
+    save = line_number(script, "fleet.save_persistables(exe, os.path.join(out, \"ckpt\"), main)")
+    result = fleetrun(["--nproc_per_node", "2", "--job_id", "pto-idiom", "--collective_stall_timeout", "4",
+                       script, "out", "--pto-idiom"], tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(rf"fleetrun: root cause: rank 0 waits in fleet.util.all_gather \(called from "
+                     rf"fleet_save_idiom.py:{save}, its fleet collective #1\) while rank 1 waits in fleet.util.barrier "
+                     rf"\(called from fleet_save_idiom.py:{save + 1}, ", result.stderr), result.stderr
 
 
 def test_two_jobs_on_one_host_get_different_store_ports(tmp_path):

@@ -5,6 +5,8 @@ OUT/result.<rank>.json.
 Usage: fleet_save_idiom.py OUT              (any world size)
        fleet_save_idiom.py OUT --mismatch   (rank 0 calls fleet.util.all_reduce while the other
                                              ranks call fleet.util.barrier: fleetrun must stop it)
+       fleet_save_idiom.py OUT --pto-idiom  (under pto, only the first worker saves: its gather
+                                             meets the others' barrier, fleetrun must stop it)
 """
 import json
 import os
@@ -14,7 +16,7 @@ import numpy as np
 import paddle
 
 import fleetlite as fleet
-from fleet_surface import FEATURES, batch, build, file_digests, overwrite_parameters, parameters
+from fleet_surface import CLASSES, FEATURES, batch, build, file_digests, overwrite_parameters, parameters
 
 
 def save_then_read(out):
@@ -47,6 +49,25 @@ def save_then_read(out):
         json.dump(result, result_file)
 
 
+def idiom_under_pto(out):
+    """Fleet's idiom under pto: only the first worker calls save_persistables, whose gather of
+    the sharded optimizer state every rank must join, while the others wait in the barrier."""
+    paddle.enable_static()
+    fleet.init(is_collective=True)
+    strategy = fleet.DistributedStrategy()
+    strategy.pto = True
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [None, FEATURES], "float32")
+        loss = paddle.nn.Linear(FEATURES, CLASSES)(x).mean()
+        fleet.distributed_optimizer(paddle.optimizer.Adam(0.1), strategy).minimize(loss)
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    exe.run(startup)
+    if fleet.is_first_worker():
+        fleet.save_persistables(exe, os.path.join(out, "ckpt"), main)   # under pto every rank must call it
+    fleet.util.barrier()
+
+
 def mismatched_collectives():
     fleet.init(is_collective=True)
     if fleet.worker_index() == 0:
@@ -58,5 +79,7 @@ def mismatched_collectives():
 if __name__ == "__main__":
     if sys.argv[2:] == ["--mismatch"]:
         mismatched_collectives()
+    elif sys.argv[2:] == ["--pto-idiom"]:
+        idiom_under_pto(sys.argv[1])
     else:
         save_then_read(sys.argv[1])

@@ -117,3 +117,35 @@ def test_quiet_sigterm_ends_a_paddle_process_without_the_report():
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert run.returncode == -signal.SIGTERM
     assert "Termination signal" not in run.stdout + run.stderr
+
+
+NAMED_PERSISTABLE_IN_A_PLAN = """
+import numpy as np, paddle
+from fleetlite.compile import bucket_views
+from fleetlite.runtime import steps_per_run
+paddle.enable_static()
+assert bucket_views.load_error() is None
+main, startup = paddle.static.Program(), paddle.static.Program()
+with paddle.static.program_guard(main, startup):
+    gradient = paddle.scale(paddle.static.data("x", [2, 4], "float32"), 2.0)
+    buffer = bucket_views.new_buffer("float32", 8)
+    if KEEP:
+        bucket_views.keep_in_scope(gradient, bucket_views.new_gradient_variable(gradient, "w"))
+    (view,) = bucket_views.alias(bucket_views.pack([gradient], buffer, 1.0), [gradient])
+    out = paddle.scale(view, 1.0)
+paddle.static.Executor(paddle.CPUPlace()).run(startup)
+plan = steps_per_run.install(paddle.static.Executor(paddle.CPUPlace()), main, 2)
+print(plan.run(main, feed={"x": np.ones((4, 4), "float32")}, fetch_list=[out])[0].sum())
+"""
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_an_n_step_plan_still_cannot_feed_a_named_persistable_to_a_custom_op(keep):
+    """The copy-free buckets' pack over a kept (named persistable) gradient in a 2-step plan: it
+    fails (a child process: it may segfault); the same program without keeping the gradient runs."""
+    _installed_release_is_gated("N-step plan and named persistable custom-op inputs")
+    run = subprocess.run([sys.executable, "-c", NAMED_PERSISTABLE_IN_A_PLAN.replace("KEEP", str(keep))],
+                         capture_output=True, text=True, timeout=120)
+    assert (run.returncode != 0) == keep, run.stdout[-2000:] + run.stderr[-2000:]
+    if not keep:
+        assert run.stdout.split()[-1] == "32.0"

@@ -70,11 +70,33 @@ def test_the_report_shows_each_bucket_copy_free_and_the_pack_carries_the_mean():
     assert [b["path"] for b in report.buckets] == ["copy-free"]
     assert report.record("copy_free_buckets").summary == "1 of 1 multi-gradient buckets copy-free"
     names = [op.name() for op in program_edit.created_by(main.global_block(), "copy_free_buckets")]
-    assert names == ["pd_op.data", "builtin.combine", "custom_op.fleetlite_bucket_pack_", "pd_op.all_reduce_",
+    assert names == ["pd_op.data"] + ["builtin.shadow_output"] * 4 + [
+                     "builtin.combine", "custom_op.fleetlite_bucket_pack_", "pd_op.all_reduce_",
                      "builtin.combine", "custom_op.fleetlite_bucket_alias_", "builtin.split"]
     pack = next(op for op in main.global_block().ops if op.name() == "custom_op.fleetlite_bucket_pack_")
     assert pack.attrs()["scale"] == pytest.approx(0.5)
     assert "pd_op.concat" not in {op.name() for op in main.global_block().ops}
+
+
+def test_the_kept_gradients_are_named_persistables_the_startup_program_creates():
+    main, startup, built = compiled_program(strategy(), CPU_2)
+    kept = [v for v in main.list_vars() if v.persistable and v.name.endswith("@GRAD")]
+    assert sorted(v.name for v in kept) == sorted(f"{name}@GRAD" for name in built.report.buckets[0]["gradients"])
+    assert all(v.get_defining_op().name().endswith("_grad") for v in kept)       # backward's own values
+    created = {op.attrs()["output_name"] for op in startup.global_block().ops if op.name() == "builtin.shadow_output"}
+    assert {v.name for v in kept} <= created
+
+
+def test_under_several_steps_per_run_the_gradients_are_not_kept_and_the_report_says_so():
+    """Paddle 3.3.1's N-step plan segfaults building the pack when its inputs are named
+    persistables: the pack copies them in instead (still one collective per bucket)."""
+    main, report = compile_mlp(CPU_2, execution_strategy={"num_iteration_per_run": 2})
+    assert not [v for v in main.list_vars() if v.persistable and v.name.endswith("@GRAD")]
+    assert [b["path"] for b in report.buckets] == ["copy-free"]
+    assert report.record("copy_free_buckets").summary == (
+        "1 of 1 multi-gradient buckets copy-free (the pack copies every gradient in at each step: Paddle's "
+        "N-step plan (execution_strategy.num_iteration_per_run) cannot run with the gradients kept as "
+        "persistable variables)")
 
 
 def test_single_gradient_buckets_are_reduced_in_place_and_loss_side_scaling_leaves_the_pack_at_1():

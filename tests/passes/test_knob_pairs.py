@@ -1,5 +1,8 @@
 """Every pair of strategy knobs, trained together: N processes must equal one process on the
-full batch, or the pair must raise a conflict error that names both knobs.
+full batch, or the pair must raise a conflict error that names both knobs; and the program the
+user holds keeps Paddle's invariants for persistable values (named, created by the startup
+program, in the scope after training: compile checks the first after every pass, the workers
+check all three on the trained program).
 
 KNOBS holds one setting per knob of the compiler issue (fusion sizes, rings, hierarchical
 all-reduce, sync_nccl_allreduce, the gradient scale) and of the knobs issue (gradient merge,
@@ -110,6 +113,8 @@ def test_pair_trains_like_one_process_or_is_a_named_conflict(trained, pair):
         for knob in (a, b):
             assert any(field in messages[0] for field in KNOBS[knob]), f"conflict does not name {knob}: {messages[0]}"
         return
+    for result in [expected, *(rank[pair] for rank in ranks)]:
+        assert result["persistable_problems"] == [], f"{pair}: {result['persistable_problems']}"
     tolerance = max(LOW_PRECISION.get(a, TOLERANCE), LOW_PRECISION.get(b, TOLERANCE))
     for rank, result in enumerate(ranks):
         for param, values in expected["params"].items():

@@ -1,5 +1,6 @@
 """Build and train one program per case (a strategy made of two knobs) in this process, a few
-micro-steps each; report losses, final trainable parameters and what the compiler did, or the
+micro-steps each; report losses, final trainable parameters, what the compiler did and whether
+the program keeps Paddle's invariants for persistable values (support/program_state.py), or the
 conflict error the combination raised (any other compile error is reported for that case alone).
 
 Usage: knob_pairs_worker.py WORLD CASES_JSON
@@ -19,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
 from fleetlite import CompileError, StrategyConflictError  # noqa: E402
 from support.multiprocess import write_result  # noqa: E402
-from support import models  # noqa: E402
+from support import models, program_state  # noqa: E402
 
 BATCH, MICRO_STEPS, SEED = 8, 4, 11
 EXECUTOR_FLAGS = ("FLAGS_new_executor_serial_run", "FLAGS_new_executor_sequential_run", "FLAGS_pir_apply_inplace_pass")
@@ -74,6 +75,7 @@ def train(fields, world, x_all, y_all):
         params = {p.name: np.array(scope.find_var(p.name).get_tensor()).ravel().tolist() for p, _ in params_grads}
     report = optimizer.compile_report
     return {"losses": losses, "params": params, "applied": report.applied,
+            "persistable_problems": program_state.problems(main, startup, scope),
             "skipped": {r.name: r.reason for r in report.records if r.status == "skipped"}}
 
 
