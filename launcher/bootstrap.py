@@ -98,7 +98,8 @@ def _wait_for_store_first(distributed, port):
 
     @functools.wraps(original)
     def init_parallel_env(*args, **kwargs):
-        tcp_ports.wait_until_listening(port, STORE_WAIT_S)
+        if not distributed.is_initialized():   # after fleet.init the store no longer listens
+            tcp_ports.wait_until_listening(port, STORE_WAIT_S)
         return original(*args, **kwargs)
 
     distributed.init_parallel_env = init_parallel_env
