@@ -61,10 +61,11 @@ REGISTRY = (
 def check_strategy(strategy, topology):
     """What the passes require of a strategy, run by validate() (fleet.init, `fleetlite strategy
     validate`, distributed_optimizer) rather than first at minimize: each pass's own cross-field
-    rules, the passes' requires and conflicts, and strict's refusals that need no program."""
+    rules, the passes' requires and conflicts, and strict's refusals that need no program.
+    Conflicts come first: two knobs that cannot go together is the news, whatever else is wrong."""
+    check_combination([p for p in (cls(strategy) for cls in REGISTRY) if p.enabled()])
     for cls in REGISTRY:
         cls.check_strategy(strategy, topology)
-    check_combination([p for p in (cls(strategy) for cls in REGISTRY) if p.enabled()])
     _check_strict(strategy, topology)
 
 

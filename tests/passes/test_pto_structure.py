@@ -48,8 +48,10 @@ def compile_adam(topology, grad_clip=None, **fields):
 
 
 def state_names(program, op_name, attr):
+    """The optimizer state the program holds (not the gradients the copy-free buckets keep, `<param>@GRAD`)."""
     return sorted(op.attrs()[attr] for op in program.global_block().ops
-                  if op.name() == op_name and op.attrs().get(attr, "").startswith("linear"))
+                  if op.name() == op_name and op.attrs().get(attr, "").startswith("linear")
+                  and not op.attrs()[attr].endswith("@GRAD"))
 
 
 def updated(main):
