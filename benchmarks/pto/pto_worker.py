@@ -100,8 +100,10 @@ def all_gather_exchange(params, owners, buckets, topology):
 
 
 def barrier():
-    from paddle.distributed import collective
-    return lambda: collective._get_default_group().process_group.barrier().wait()
+    """fleet's barrier: it also meets the other ranks when no program has yet (the one-rank
+    contender's programs hold no collective, and static-mode fleet.init defers the rendezvous)."""
+    import fleetlite as fleet
+    return fleet.barrier_worker
 
 
 if __name__ == "__main__":
