@@ -1,5 +1,5 @@
 """lars and lamb: the inner Momentum's update becomes lars_momentum_, the inner Adam's lamb_, with
-Fleet's settings and exclusion rules (docs/knobs/lars_lamb.md).
+Fleet's settings and exclusion rules (docs/knobs/lars.md, docs/knobs/lamb.md).
 
 Parity: one fleetrun job of 2 ranks runs workers/meta_optimizer_worker.py (rank r feeds rows
 r::2); each rank trains beside Paddle's own program with the optimizer Fleet builds
