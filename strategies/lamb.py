@@ -23,11 +23,10 @@ from fleetlite.compile.pass_contract import Pass, PassResult, Phase
 ADAM_UPDATE = "pd_op.adam_"
 
 
-def lamb_weight_decay(param_name, configs):
-    """The weight decay the lamb op gets for a parameter: Fleet's name-suffix exclusion."""
-    if any(param_name.endswith(suffix) for suffix in configs.exclude_from_weight_decay):
-        return 0.0
-    return configs.lamb_weight_decay
+def excluded_from_decay(param_name, suffixes):
+    """Fleet's rule (the exclusion function its LambOptimizer builds): a parameter whose name ends
+    with any of `suffixes` gets weight decay 0, hence no trust ratio (always_adapt is False)."""
+    return any(param_name.endswith(suffix) for suffix in suffixes)
 
 
 def checked_adam(optimizer):
@@ -70,11 +69,13 @@ class Lamb(Pass):
         updates = [op for op in context.block.ops if op.name() == ADAM_UPDATE]
         if not updates:
             raise CompileError("lamb found no adam_ update to rewrite; lamb needs paddle.optimizer.Adam")
-        decays = {}
+        decays, excluded = {}, []
         for op in updates:
             operand = dict(zip(op.get_input_names(), op.operands_source()))
             name = names[program_edit.key(operand["param"])]
-            decays[name] = lamb_weight_decay(name, configs)
+            if excluded_from_decay(name, configs.exclude_from_weight_decay):
+                excluded.append(name)
+            decays[name] = 0.0 if name in excluded else configs.lamb_weight_decay
             with program_edit.inserting(context.program, self.name, after=op, role=program_edit.OPTIMIZE):
                 skip = operand["skip_update"]
                 results = paddle._C_ops.lamb_(
@@ -85,7 +86,6 @@ class Lamb(Pass):
             for old, new in zip([op.result(i) for i in (0, 1, 2, 4, 5)], results):
                 old.replace_all_uses_with(new)
             program_edit.remove_ops(context.block, [op])
-        excluded = sorted(name for name, decay in decays.items() if decay == 0.0)
         return PassResult(f"{len(updates)} adam_ -> lamb_ (weight decay {configs.lamb_weight_decay:g}; "
                           f"{len(excluded)} excluded: no decay, no trust ratio)",
-                          {"weight_decay": decays, "excluded": excluded})
+                          {"weight_decay": decays, "excluded": sorted(excluded)})

@@ -32,11 +32,10 @@ MOMENTUM_UPDATE = "pd_op.momentum_"
 L2_DECAY = "l2_decay"
 
 
-def lars_weight_decay(param_name, configs):
-    """The weight decay the lars_momentum op gets for a parameter: Fleet's substring exclusion."""
-    if any(pattern in param_name for pattern in configs.exclude_from_weight_decay):
-        return 0.0
-    return configs.lars_weight_decay
+def excluded_from_decay(param_name, patterns):
+    """Fleet's rule (the lars_momentum op's Python side): a parameter whose name contains any of
+    `patterns` gets weight decay 0, hence no trust ratio."""
+    return any(pattern in param_name for pattern in patterns)
 
 
 def checked_momentum(optimizer):
@@ -77,7 +76,7 @@ class Lars(Pass):
         configs = self.strategy.lars_configs
         names = {program_edit.key(g.param): g.name for g in context.gradients}
         updates = [op for op in context.block.ops if op.name() == MOMENTUM_UPDATE]   # pto left this rank's part
-        decays = {}
+        decays, excluded = {}, []
         for op in updates:
             operand = dict(zip(op.get_input_names(), op.operands_source()))
             name = names[program_edit.key(operand["param"])]
@@ -86,20 +85,20 @@ class Lars(Pass):
                     f"lars does not build Momentum's L2 weight_decay (on {name}): Fleet's LARS drops it silently",
                     field="lars", value=True, fix="decay by lars_configs.lars_weight_decay and leave weight_decay "
                                                   "out of paddle.optimizer.Momentum(...)")
-            decays[name] = lars_weight_decay(name, configs)
+            if excluded_from_decay(name, configs.exclude_from_weight_decay):
+                excluded.append(name)
+            decays[name] = 0.0 if name in excluded else configs.lars_weight_decay
             self._rewrite(context, op, operand, decays[name])
-        excluded = sorted(name for name, decay in decays.items() if decay == 0.0)
         return PassResult(f"{len(updates)} momentum_ -> lars_momentum_ (lars_coeff {configs.lars_coeff:g}, weight "
                           f"decay {configs.lars_weight_decay:g}; {len(excluded)} excluded: plain momentum)",
-                          {"weight_decay": decays, "excluded": excluded})
+                          {"weight_decay": decays, "excluded": sorted(excluded)})
 
     def _rewrite(self, context, op, operand, decay):
-        attrs = op.attrs()
+        attrs, configs = op.attrs(), self.strategy.lars_configs
         with program_edit.inserting(context.program, self.name, after=op, role=program_edit.OPTIMIZE):
             params, velocities, _ = paddle._C_ops.lars_momentum_(
-                [operand["param"]], [operand["grad"]], [operand["velocity"]], [operand["learning_rate"]], None, attrs["mu"],
-                self.strategy.lars_configs.lars_coeff, [decay], self.strategy.lars_configs.epsilon, False,
-                attrs["rescale_grad"])
+                [operand["param"]], [operand["grad"]], [operand["velocity"]], [operand["learning_rate"]], None,
+                attrs["mu"], configs.lars_coeff, [decay], configs.epsilon, False, attrs["rescale_grad"])
         op.result(0).replace_all_uses_with(params[0])
         op.result(1).replace_all_uses_with(velocities[0])
         program_edit.remove_ops(context.block, [op])
