@@ -5,7 +5,7 @@ and their declared before/after edges; the position in this list only breaks tie
 """
 from fleetlite.strategies.amp import Amp, AmpLossScaling
 from fleetlite.errors import StrategyConflictError
-from fleetlite.strategy.knob_accounting import unclaimed_under_strict
+from fleetlite.strategy.knob_accounting import refuse_unimplemented, unclaimed_under_strict
 from fleetlite.compile.pass_contract import check_combination, required_skipped, strict_refusal
 from fleetlite.strategies.build_strategy_fusions import OpFusion
 from fleetlite.strategies.comm_rings import CommRings
@@ -21,6 +21,8 @@ from fleetlite.strategies.fuse_optimizer import FuseAllOptimizerOps
 from fleetlite.strategies.gloo_lowering import GlooLowering
 from fleetlite.strategies.gradient_merge import GradientMerge, GradientMergeUpdate
 from fleetlite.strategies.hierarchical_allreduce import HierarchicalAllReduce
+from fleetlite.strategies.lamb import Lamb
+from fleetlite.strategies.lars import Lars
 from fleetlite.strategies.pto import Pto
 from fleetlite.strategies.scale_gradient import ScaleGradient
 from fleetlite.strategies.sync_batch_norm import SyncBatchNorm
@@ -41,7 +43,9 @@ REGISTRY = (
     SyncBatchNorm,
     GradientMerge,
     GradientMergeUpdate,
+    Lamb,
     Pto,
+    Lars,
     FuseAllOptimizerOps,
     OpFusion,
     ScaleGradient,
@@ -61,11 +65,13 @@ REGISTRY = (
 def check_strategy(strategy, topology):
     """What the passes require of a strategy, run by validate() (fleet.init, `fleetlite strategy
     validate`, distributed_optimizer) rather than first at minimize: each pass's own cross-field
-    rules, the passes' requires and conflicts, and strict's refusals that need no program.
-    Conflicts come first: two knobs that cannot go together is the news, whatever else is wrong."""
+    rules, the passes' requires and conflicts, the knobs no pass implements (errors, never skips),
+    and strict's refusals that need no program. Conflicts come first: two knobs that cannot go
+    together is the news, whatever else is wrong."""
     check_combination([p for p in (cls(strategy) for cls in REGISTRY) if p.enabled()])
     for cls in REGISTRY:
         cls.check_strategy(strategy, topology)
+    refuse_unimplemented(strategy, {field for cls in REGISTRY for field in cls.reads})
     _check_strict(strategy, topology)
 
 

@@ -25,10 +25,11 @@ def _resnet50_loss():
 
 
 def explain(strategy, topology, model="mlp"):
-    """The CompileReport of `model` trained with Momentum under `strategy` on `topology`."""
+    """The CompileReport of `model` trained with Momentum under `strategy` on `topology` (with Adam
+    under lamb, which rewrites an Adam update)."""
     paddle.enable_static()
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
         loss = _mlp_loss() if model == "mlp" else _resnet50_loss()
-        optimizer = paddle.optimizer.Momentum(0.1, momentum=0.9)
+        optimizer = paddle.optimizer.Adam(0.001) if strategy.lamb else paddle.optimizer.Momentum(0.1, momentum=0.9)
         return training_program.build(loss, optimizer, strategy, topology, startup).report

@@ -1,11 +1,13 @@
-"""Which knobs the user set that no compile pass reads, and what became of them.
+"""Which knobs the user set that no compile pass reads, and what becomes of them.
 
-The schema accepts every Fleet knob so Fleet strategy files load unchanged, but fleetlite
-implements them one pass at a time. A knob set to a non-default value that no registered
-pass reads must not vanish: the compile report lists it as skipped with the reason (and
-`strict: true` makes that an error). A knob that would be skipped still cannot be combined with
-one it contradicts: that pair is an error at validate(), so a file never reads as "ok" while
-asking for two things that cannot both hold.
+The schema accepts every Fleet knob so Fleet strategy files load unchanged, but fleetlite does
+not implement them all. A knob set to a non-default value that no registered pass reads never
+vanishes: where it legitimately needs no work here (NO_WORK) the compile report lists it as
+skipped with the reason (`strict: true` makes that an error); any other is an error at
+validate() naming it and what to do (`refuse_unimplemented`), so a job never trains without
+something its strategy asked for. A knob that would be skipped still cannot be combined with one
+it contradicts: that pair is an error at validate(), so a file never reads as "ok" while asking
+for two things that cannot both hold.
 """
 from fleetlite.errors import CompileError, StrategyConflictError
 
@@ -20,7 +22,6 @@ NO_WORK = {
     "find_unused_parameters": "not needed: in a static program an unused parameter simply has no gradient",
     "without_graph_optimization": "Fleet's raw-program switch; fleetlite always rewrites the program itself",
     "calc_comm_same_stream": "accepted for compatibility; stream placement is left to Paddle",
-    "a_sync": "parameter-server only; collective training ignores it",
     "execution_strategy": "no Paddle 3 equivalent: its executor keeps no per-iteration scope to drop (it frees each "
                           "tensor after its last reader) and runs no per-device threads to hold at a barrier",
     "build_strategy": "an option of the legacy ParallelExecutor; Paddle 3's executor has no equivalent",
@@ -31,13 +32,29 @@ NO_WORK = {
     "hybrid": "it configures the groups of hybrid parallelism's other axes (model, pipeline, sharding, ...), "
               "which are one rank each in fleetlite's dp-only topology",
 }
-NOT_YET = "no fleetlite pass implements it yet"
+NOT_IMPLEMENTED = "fleetlite does not implement it"
+# What to do instead, for the knobs a Fleet strategy file is likeliest to carry; any other
+# unimplemented knob gets DEFAULT_FIX.
+FIXES = {
+    "recompute": "remove recompute and recompute_configs (not implemented yet), or fit the model with a smaller "
+                 "batch per rank and more ranks",
+    "localsgd": "remove localsgd and localsgd_configs (not implemented yet): gradients are all-reduced every step",
+    "adaptive_localsgd": "remove adaptive_localsgd and adaptive_localsgd_configs (not implemented yet): gradients "
+                         "are all-reduced every step",
+    "a_sync": "parameter-server training is not supported (fleetlite is collective only): remove a_sync and "
+              "a_sync_configs",
+    "pipeline": "pipeline parallelism is not data parallel: remove pipeline_configs",
+    "tensor_parallel": "tensor parallelism is not data parallel: remove tensor_parallel_configs",
+    "qat": "quantisation-aware training is not implemented: remove qat_configs",
+    "sharding": "fleetlite's sharding is stage 1 over all ranks (sharding_degree, stage, segment_broadcast_MB): "
+                "leave the other sharding_configs fields at their defaults, or use pto",
+}
+DEFAULT_FIX = "remove it (leave it at its default)"
 
 # Pairs of knobs that contradict each other, where at least one has no fleetlite pass (pairs of
 # implemented passes declare theirs in `Pass.conflicts`).
 CONFLICTING_KNOBS = {
     ("localsgd", "adaptive_localsgd"): "both set the local SGD period (a fixed or an adaptive k)",
-    ("lars", "lamb"): "LARS rewrites a Momentum update and LAMB an Adam update; an optimizer is one or the other",
 }
 
 
@@ -49,8 +66,9 @@ def check_conflicting_knobs(strategy):
                                         field=second, value=True, fix=f"turn '{first}' or '{second}' off")
 
 
-def unclaimed_knobs(strategy, claimed):
-    """[(knob, reason)] for set knobs outside `claimed` (dotted field names read by passes)."""
+def _unclaimed_groups(strategy, claimed):
+    """{knob: [set fields]} for set fields outside `claimed` (dotted field names read by passes),
+    grouped by knob (`x_configs.*` under `x`)."""
     groups = {}
     for field in strategy.non_default():
         if field in claimed or field in ELSEWHERE or field.split(".")[0] in ELSEWHERE:
@@ -58,8 +76,23 @@ def unclaimed_knobs(strategy, claimed):
         top = field.split(".")[0]
         knob = top[: -len("_configs")] if top.endswith("_configs") else top
         groups.setdefault(knob, []).append(field)
-    return [(knob, f"{NO_WORK.get(knob, NOT_YET)} (set: {', '.join(fields)})")
-            for knob, fields in groups.items()]
+    return groups
+
+
+def refuse_unimplemented(strategy, claimed):
+    """Raise StrategyConflictError for the first set knob that no pass reads and that is not one
+    of NO_WORK: it names the knob, the fields set and what to do."""
+    for knob, fields in _unclaimed_groups(strategy, claimed).items():
+        if knob not in NO_WORK:
+            raise StrategyConflictError(f"{knob}: {NOT_IMPLEMENTED} (set: {', '.join(fields)})", field=fields[0],
+                                        fix=FIXES.get(knob, DEFAULT_FIX))
+
+
+def unclaimed_knobs(strategy, claimed):
+    """[(knob, reason)] for the set knobs no pass reads that need no work here (NO_WORK); any
+    other unclaimed knob is refused at validate() (refuse_unimplemented)."""
+    return [(knob, f"{NO_WORK[knob]} (set: {', '.join(fields)})")
+            for knob, fields in _unclaimed_groups(strategy, claimed).items() if knob in NO_WORK]
 
 
 def unclaimed_under_strict(strategy, claimed):

@@ -84,20 +84,20 @@ def test_a_missing_requirement_names_both_fields():
 
 
 def test_conflicting_knobs_name_both_fields_the_reason_and_the_fix():
-    registry = [on_when_set("dgc", conflicts={"localsgd": "dgc compresses gradients localsgd never sends"}),
-                on_when_set("localsgd")]
-    with pytest.raises(StrategyConflictError, match=r"'dgc' and 'localsgd' cannot be used together: dgc compresses"
-                                                   r".*turn 'dgc' or 'localsgd' off"):
-        compile_with(registry, dgc=True, localsgd=True)
+    registry = [on_when_set("dgc", conflicts={"sync_batch_norm": "dgc compresses what sync_batch_norm needs"}),
+                on_when_set("sync_batch_norm")]
+    with pytest.raises(StrategyConflictError, match=r"'dgc' and 'sync_batch_norm' cannot be used together: dgc "
+                                                   r"compresses.*turn 'dgc' or 'sync_batch_norm' off"):
+        compile_with(registry, dgc=True, sync_batch_norm=True)
     compile_with(registry, dgc=True)
 
 
 def test_a_no_op_is_skipped_with_its_reason_and_so_are_passes_that_need_it():
     registry = [on_when_set("lamb", applicable=lambda self, topology, program: "not on this topology"),
-                on_when_set("recompute", requires=("lamb",))]
-    _, report = compile_with(registry, lamb=True, recompute=True)
+                on_when_set("fp16_allreduce", requires=("lamb",))]
+    _, report = compile_with(registry, lamb=True, fp16_allreduce=True)
     assert (report.record("lamb").status, report.record("lamb").reason) == ("skipped", "not on this topology")
-    assert report.record("recompute").reason == "needs lamb, which was skipped (not on this topology)"
+    assert report.record("fp16_allreduce").reason == "needs lamb, which was skipped (not on this topology)"
 
 
 def test_strict_turns_a_requested_skip_into_an_error():
@@ -113,14 +113,14 @@ def test_strict_allows_skips_of_knobs_the_user_did_not_set():
 
 
 def test_requested_knobs_no_pass_reads_are_reported_or_rejected_under_strict():
-    _, report = compile_with(REGISTRY, localsgd=True, localsgd_configs={"k_steps": 4},
-                             find_unused_parameters=True, data_configs={"seed": 3})
-    assert report.record("localsgd").reason == ("no fleetlite pass implements it yet "
-                                                "(set: localsgd, localsgd_configs.k_steps)")
+    _, report = compile_with(REGISTRY, find_unused_parameters=True, data_configs={"seed": 3})
     assert report.record("find_unused_parameters").reason.startswith("not needed")
     assert "data_configs" not in {r.name for r in report.records}
-    with pytest.raises(CompileError, match="strict: localsgd was requested but no fleetlite pass implements it yet"):
-        compile_with(REGISTRY, localsgd=True, strict=True)
+    with pytest.raises(CompileError, match="strict: find_unused_parameters was requested but not needed"):
+        compile_with(REGISTRY, find_unused_parameters=True, strict=True)
+    with pytest.raises(StrategyConflictError, match=r"^localsgd: fleetlite does not implement it \(set: localsgd, "
+                                                   r"localsgd_configs.k_steps\); remove localsgd"):
+        compile_with(REGISTRY, localsgd=True, localsgd_configs={"k_steps": 4})
 
 
 def test_topology_rules_are_checked_with_the_arithmetic():

@@ -7,7 +7,7 @@ check all three on the trained program).
 KNOBS holds one setting per knob of the compiler issue (fusion sizes, rings, hierarchical
 all-reduce, sync_nccl_allreduce, the gradient scale) and of the knobs issue (gradient merge,
 optimizer fusion, op fusion, executor flags, steps per run, cuDNN, AMP, fp16 all-reduce, sync
-batch norm), top-k at density 1 (its exchange, numerically dense), pto and dgc;
+batch norm), top-k at density 1 (its exchange, numerically dense), pto, dgc, lars and lamb;
 `test_every_registered_pass_is_turned_on_by_some_knob` fails when a pass is registered without a
 setting here. All pairs run in three jobs, each building every pair's
 program in-process (workers/knob_pairs_worker.py): one 2-process job and its 1-process
@@ -55,6 +55,8 @@ KNOBS = {
     "pto": {"pto": True, "pto_configs": {"allgather_bucket_MB": 0}},
     # the conv net has no gradient of 16,384 elements: dgc takes none (its conflicts still apply)
     "dgc": {"dgc": True},
+    "lars": {"lars": True, "lars_configs": {"lars_coeff": 0.01, "exclude_from_weight_decay": ["b_0"]}},
+    "lamb": {"lamb": True, "lamb_configs": {"exclude_from_weight_decay": ["b_0"]}},
 }
 NEEDS_TWO_NODES = {"hierarchical"}
 TOLERANCE = 1e-5
@@ -132,7 +134,7 @@ def test_the_knobs_really_ran_in_the_pairs(trained, world):
     expected = {"gradient_merge", "gradient_merge_update", "build_strategy.fuse_all_optimizer_ops",
                 "gradient_scale_configs.scale_gradient", "execution_strategy.num_iteration_per_run",
                 "execution_strategy.num_threads", "fuse_all_reduce_ops", "nccl_comm_num", "amp", "fp16_allreduce",
-                "sync_batch_norm", "topk"}
+                "sync_batch_norm", "topk", "lars", "lamb"}
     if world == 4:
         expected = {"use_hierarchical_allreduce", "gloo_lowering"}
     assert expected <= applied

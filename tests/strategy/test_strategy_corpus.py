@@ -4,6 +4,7 @@ The corpus is tests/strategy_corpus/: one file per case, and expected_errors.yam
 with the line and the words its error must hold. valid/ holds files that must still pass.
 """
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -102,12 +103,42 @@ def test_valid_yaml_round_trips_through_prototxt(path, tmp_path, capsys):
     assert DistributedStrategy.load(tmp_path / "s.prototxt") == original
 
 
-def test_skipped_knobs_are_listed_not_passed_silently(capsys):
-    path = CORPUS / "valid" / "repeated_fields.prototxt"
+def test_skipped_knobs_are_listed_not_passed_silently(tmp_path, capsys):
+    path = tmp_path / "fleet.yaml"
+    path.write_text("amp: true\nfind_unused_parameters: true\n")
     assert cli.main(["strategy", "validate", str(path)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"{path}: ok; compile will skip 1 knob(s) no pass acts on:"
-    assert out[1] == "  recompute: no fleetlite pass implements it yet (set: recompute_configs.refined_ops_patterns)"
+    assert out[1] == ("  find_unused_parameters: not needed: in a static program an unused parameter simply has no "
+                      "gradient (set: find_unused_parameters)")
+
+
+def test_a_knob_fleetlite_does_not_implement_is_an_error_not_a_skip(tmp_path, capsys):
+    path = tmp_path / "fleet.yaml"
+    path.write_text("amp: true\nrecompute_configs:\n  checkpoints: [fc_0.tmp_0]\n")
+    assert cli.main(["strategy", "validate", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        f"fleetlite: error: {path}:3: recompute: fleetlite does not implement it (set: recompute_configs.checkpoints); "
+        "remove recompute and recompute_configs (not implemented yet), or fit the model with a smaller batch per rank "
+        "and more ranks\n")
+
+
+def test_validate_and_explain_refuse_an_unimplemented_knob_alike_and_list_the_same_skips(tmp_path, capsys):
+    refused, skipping = tmp_path / "refused.yaml", tmp_path / "skipping.yaml"
+    refused.write_text("localsgd: true\n")
+    skipping.write_text("lars: true\nfind_unused_parameters: true\n")
+    assert cli.main(["strategy", "validate", str(refused)]) == 2
+    by_validate = capsys.readouterr().err
+    assert cli.main(["explain", "--strategy", str(refused)]) == 2
+    assert by_validate == capsys.readouterr().err.replace("fleetlite: error: ", f"fleetlite: error: {refused}:1: ")
+    assert "localsgd: fleetlite does not implement it (set: localsgd); remove localsgd" in by_validate
+    assert cli.main(["strategy", "validate", str(skipping)]) == 0
+    listed = capsys.readouterr().out.splitlines()[1:]
+    assert cli.main(["explain", "--strategy", str(skipping), "--world", "2"]) == 0
+    table = capsys.readouterr().out
+    assert [line.split(":")[0].strip() for line in listed] == ["find_unused_parameters"]
+    assert re.search(r"find_unused_parameters\s+-\s+skipped\s+not needed", table)
+    assert re.search(r"lars\s+UPDATE_REWRITE\s+applied", table)
 
 
 def test_yaml_12_scalars_read_as_written():

@@ -340,9 +340,36 @@ def test_strict_refuses_a_no_op_of_the_declared_world_at_validate(fields, world,
 
 def test_strict_refuses_a_knob_no_pass_reads_at_validate():
     s = fleet.DistributedStrategy()
-    s.localsgd, s.strict = True, True
-    with pytest.raises(CompileError, match="strict: localsgd was requested but no fleetlite pass implements it yet "
-                                           r"\(set: localsgd\); remove it or set strict: false"):
+    s.find_unused_parameters, s.strict = True, True
+    with pytest.raises(CompileError, match="strict: find_unused_parameters was requested but not needed: .* "
+                                           r"\(set: find_unused_parameters\); remove it or set strict: false"):
+        s.validate()
+
+
+@pytest.mark.parametrize("fields, fix", [
+    ({"recompute": True}, "remove recompute and recompute_configs"),
+    ({"localsgd_configs": {"k_steps": 2}}, "remove localsgd and localsgd_configs"),
+    ({"adaptive_localsgd": True}, "remove adaptive_localsgd and adaptive_localsgd_configs"),
+    ({"a_sync": False}, "parameter-server training is not supported"),
+    ({"a_sync_configs": {"k_steps": 0}}, "parameter-server training is not supported"),
+    ({"pipeline_configs": {"micro_batch_size": 2}}, "remove pipeline_configs"),
+    ({"tensor_parallel_configs": {"tensor_parallel_degree": 2}}, "remove tensor_parallel_configs"),
+    ({"qat_configs": {"weight_bits": 4}}, "remove qat_configs"),
+])
+def test_a_knob_no_pass_implements_is_an_error_at_validate_never_a_skip(fields, fix):
+    s = fleet.DistributedStrategy()
+    for field, value in fields.items():
+        setattr(s, field, value)
+    knob = next(iter(fields)).removesuffix("_configs")
+    with pytest.raises(StrategyConflictError, match=f"^{knob}: fleetlite does not implement it .*; .*{fix}"):
+        s.validate()
+
+
+@pytest.mark.parametrize("field", ["pipeline", "tensor_parallel", "asp", "qat", "heter_ccl_mode"])
+def test_the_unsupported_switches_are_refused_by_name(field):
+    s = fleet.DistributedStrategy()
+    setattr(s, field, True)
+    with pytest.raises(StrategyConflictError, match=f"{field}"):
         s.validate()
 
 

@@ -22,6 +22,7 @@ import paddle
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
 from support import models  # noqa: E402
+from support.meta_optimizers import fleet_optimizer  # noqa: E402
 from workers.knob_pairs_worker import make_strategy  # noqa: E402
 
 BATCH, STEPS, SEED = 32, 4, 2024
@@ -57,6 +58,11 @@ CASES = {   # name: (model, optimizer, strategy fields, gradient-merge steps of 
     "amp_cpu_recipe": (models.Mlp, momentum, {"amp": True, "amp_configs": {
         "custom_black_list": ["matmul", "relu", "elementwise_add"], "init_loss_scaling": 1024.0}}, 1),
     "two_steps_per_run": (models.Mlp, momentum, {"execution_strategy": {"num_iteration_per_run": 2}}, 1),
+    # the reference trains with the optimizer Fleet's meta-optimizer builds (support.meta_optimizers)
+    "lars": (models.Mlp, momentum, {"lars": True, "lars_configs": {
+        "lars_coeff": 0.05, "lars_weight_decay": 0.001, "exclude_from_weight_decay": ["b_0"]}}, 1),
+    "lamb": (models.Mlp, adam, {"lamb": True, "lamb_configs": {
+        "lamb_weight_decay": 0.02, "exclude_from_weight_decay": ["b_0"]}}, 1),
 }
 UNWRAPPED = ("momentum", "adamw_clip_schedule")   # not through distributed_model: train_step's broadcast alone
 
@@ -110,11 +116,13 @@ def train_with_fleet(make_model, make_optimizer, fields, x, y, steps, seed, load
     return model, optimizer, losses
 
 
-def train_eagerly(make_model, make_optimizer, x, y, steps, merge):
-    """The plain-Paddle reference: the full batch, one process, gradient merge by hand."""
+def train_eagerly(make_model, make_optimizer, fields, x, y, steps, merge):
+    """The plain-Paddle reference: the full batch, one process, gradient merge by hand, and the
+    optimizer Fleet trains with under `fields` (LARS or LAMB in place of the inner one)."""
     paddle.seed(SEED)
     model = make_model()
-    optimizer, schedule = make_optimizer(model.parameters())
+    inner, schedule = make_optimizer(model.parameters())
+    optimizer = fleet_optimizer(inner, fields)
     losses = []
     for i in range(steps):
         loss = loss_fn(model, paddle.to_tensor(x), paddle.to_tensor(y))
@@ -148,7 +156,7 @@ def train_by_fleet_eager_loop(make_model, make_optimizer, fields, x, y, steps, s
 def compare(name, x, y):
     make_model, make_optimizer, fields, merge = CASES[name]
     with paddle.utils.unique_name.guard():
-        reference, reference_losses = train_eagerly(make_model, make_optimizer, x, y, STEPS, merge)
+        reference, reference_losses = train_eagerly(make_model, make_optimizer, fields, x, y, STEPS, merge)
         if name.startswith("eager_loop"):
             model, _, losses = train_by_fleet_eager_loop(make_model, make_optimizer, fields, x, y, STEPS, SEED)
         else:

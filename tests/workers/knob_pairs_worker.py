@@ -34,12 +34,13 @@ def make_strategy(fields):
 
 
 def make_optimizer(strategy):
-    """Adam where the case fuses optimizer ops (only Adam has a multi-tensor kernel), else Momentum.
+    """Adam where the case fuses optimizer ops (only Adam has a multi-tensor kernel) or turns lamb on
+    (it rewrites an Adam update), else Momentum (lars rewrites a Momentum update).
 
     Adam's epsilon is large so that near-zero gradients (noise-level differences between
     summation orders) cannot flip the sign of an update.
     """
-    if strategy.build_strategy.fuse_all_optimizer_ops:
+    if strategy.lamb or (strategy.build_strategy.fuse_all_optimizer_ops and not strategy.lars):
         return paddle.optimizer.Adam(0.001, epsilon=1e-3)
     return paddle.optimizer.Momentum(0.05, momentum=0.9)
 
