@@ -44,9 +44,9 @@ from paddle.pir.core import create_persistable_value
 from fleetlite.compile import gradient_buckets, program_edit
 from fleetlite.compression import sparse_exchange, topk_select as topk
 from fleetlite.compile.report import human_bytes
-from fleetlite.errors import CompileError, StrategyConflictError
+from fleetlite.errors import CompileError
 from fleetlite.compression.sparse_exchange import INDEX_BYTES, IN_ORDER
-from fleetlite.compile.pass_contract import Pass, PassResult, Phase
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase, inner_optimizer
 from fleetlite.strategies.pto import remove_startup_state
 from fleetlite.strategies.topk_exchange import TAKEN_DTYPES, fraction_sent
 
@@ -158,23 +158,14 @@ class Dgc(Pass):
 
 def momentum_of(optimizer):
     """The momentum of the Momentum optimizer dgc works with; anything else is refused by name."""
-    if optimizer is None:
-        raise CompileError("dgc rewrites the optimizer's Momentum update, so it compiles with the optimizer: use "
-                           "fleet.distributed_optimizer(paddle.optimizer.Momentum(...), strategy).minimize(loss)")
-    if not isinstance(optimizer, paddle.optimizer.Momentum):
-        raise StrategyConflictError(f"dgc works with the Momentum optimizer only, and this one is "
-                                    f"{type(optimizer).__name__}", field="dgc", value=True,
-                                    fix="train with paddle.optimizer.Momentum(learning_rate, momentum=...), "
-                                        "or turn dgc off")
-    refused = {"use_nesterov=True": optimizer._use_nesterov,
-               "a grad_clip (DGC's per-rank gradient clipping is not built; a clip in the optimizer would clip "
-               "the exchanged update)": optimizer._grad_clip is not None,
-               "weight_decay": bool(optimizer._regularization_method) or optimizer.regularization is not None}
-    for what, present in refused.items():
-        if present:
-            raise StrategyConflictError(f"dgc does not build Momentum with {what}", field="dgc", value=True,
-                                        fix="leave it out of paddle.optimizer.Momentum(...), or turn dgc off")
-    return optimizer._momentum
+    return inner_optimizer(
+        optimizer, "dgc", paddle.optimizer.Momentum, "paddle.optimizer.Momentum(learning_rate, momentum=...)",
+        lambda momentum: {
+            "use_nesterov=True": momentum._use_nesterov,
+            "a grad_clip (DGC's per-rank gradient clipping is not built; a clip in the optimizer would clip "
+            "the exchanged update)": momentum._grad_clip is not None,
+            "weight_decay": bool(momentum._regularization_method) or momentum.regularization is not None},
+    )._momentum
 
 
 class _Exchange:

@@ -17,8 +17,8 @@ lamb_weight_decay), amsgrad, multi_precision, and betas given as tensors.
 import paddle
 
 from fleetlite.compile import program_edit
-from fleetlite.errors import CompileError, StrategyConflictError
-from fleetlite.compile.pass_contract import Pass, PassResult, Phase
+from fleetlite.errors import CompileError
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase, inner_optimizer
 
 ADAM_UPDATE = "pd_op.adam_"
 
@@ -31,24 +31,14 @@ def excluded_from_decay(param_name, suffixes):
 
 def checked_adam(optimizer):
     """The inner Adam LAMB replaces the update of; anything else is refused by name."""
-    if optimizer is None:
-        raise CompileError("lamb rewrites the optimizer's Adam update, so it compiles with the optimizer: use "
-                           "fleet.distributed_optimizer(paddle.optimizer.Adam(...), strategy).minimize(loss)")
-    if not isinstance(optimizer, paddle.optimizer.Adam):
-        raise StrategyConflictError(f"lamb works with the Adam optimizer only, and this one is "
-                                    f"{type(optimizer).__name__}", field="lamb", value=True,
-                                    fix="train with paddle.optimizer.Adam(learning_rate, beta1, beta2, epsilon), or "
-                                        "turn lamb off (lars is the Momentum counterpart)")
-    refused = {"weight_decay (LAMB decays by lamb_configs.lamb_weight_decay)": optimizer.regularization is not None,
-               "amsgrad=True": optimizer._amsgrad,
-               "multi_precision=True": optimizer._multi_precision,
-               "beta1 or beta2 given as a tensor": not all(isinstance(beta, (int, float))
-                                                            for beta in (optimizer._beta1, optimizer._beta2))}
-    for what, present in refused.items():
-        if present:
-            raise StrategyConflictError(f"lamb does not build Adam with {what}", field="lamb", value=True,
-                                        fix="leave it out of paddle.optimizer.Adam(...), or turn lamb off")
-    return optimizer
+    return inner_optimizer(
+        optimizer, "lamb", paddle.optimizer.Adam, "paddle.optimizer.Adam(learning_rate, beta1, beta2, epsilon)",
+        lambda adam: {"weight_decay (LAMB decays by lamb_configs.lamb_weight_decay)": adam.regularization is not None,
+                      "amsgrad=True": adam._amsgrad,
+                      "multi_precision=True": adam._multi_precision,
+                      "beta1 or beta2 given as a tensor": not all(isinstance(beta, (int, float))
+                                                                   for beta in (adam._beta1, adam._beta2))},
+        other=" (lars is the Momentum counterpart)")
 
 
 class Lamb(Pass):

@@ -25,8 +25,8 @@ what LarsMomentumOptimizer cannot build: Nesterov momentum (Fleet drops it) and 
 import paddle
 
 from fleetlite.compile import program_edit
-from fleetlite.errors import CompileError, StrategyConflictError
-from fleetlite.compile.pass_contract import Pass, PassResult, Phase
+from fleetlite.errors import StrategyConflictError
+from fleetlite.compile.pass_contract import Pass, PassResult, Phase, inner_optimizer
 
 MOMENTUM_UPDATE = "pd_op.momentum_"
 L2_DECAY = "l2_decay"
@@ -40,21 +40,11 @@ def excluded_from_decay(param_name, patterns):
 
 def checked_momentum(optimizer):
     """The inner Momentum LARS replaces the update of; anything else is refused by name."""
-    if optimizer is None:
-        raise CompileError("lars rewrites the optimizer's Momentum update, so it compiles with the optimizer: use "
-                           "fleet.distributed_optimizer(paddle.optimizer.Momentum(...), strategy).minimize(loss)")
-    if not isinstance(optimizer, paddle.optimizer.Momentum):
-        raise StrategyConflictError(f"lars works with the Momentum optimizer only, and this one is "
-                                    f"{type(optimizer).__name__}", field="lars", value=True,
-                                    fix="train with paddle.optimizer.Momentum(learning_rate, momentum=...), or turn "
-                                        "lars off (lamb is the Adam counterpart)")
-    refused = {"use_nesterov=True (LARS momentum has no Nesterov form)": optimizer._use_nesterov,
-               "multi_precision=True": optimizer._multi_precision}
-    for what, present in refused.items():
-        if present:
-            raise StrategyConflictError(f"lars does not build Momentum with {what}", field="lars", value=True,
-                                        fix="leave it out of paddle.optimizer.Momentum(...), or turn lars off")
-    return optimizer
+    return inner_optimizer(
+        optimizer, "lars", paddle.optimizer.Momentum, "paddle.optimizer.Momentum(learning_rate, momentum=...)",
+        lambda momentum: {"use_nesterov=True (LARS momentum has no Nesterov form)": momentum._use_nesterov,
+                          "multi_precision=True": momentum._multi_precision},
+        other=" (lamb is the Adam counterpart)")
 
 
 class Lars(Pass):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict
 
 from fleetlite.compile import program_edit
-from fleetlite.errors import StrategyConflictError
+from fleetlite.errors import CompileError, StrategyConflictError
 from fleetlite.compile.ring_table import RingTable
 
 
@@ -180,3 +180,23 @@ def read_field(strategy, dotted):
     for part in dotted.split("."):
         value = getattr(value, part)
     return value
+
+
+def inner_optimizer(optimizer, knob, optimizer_class, build, refused, other=""):
+    """The optimizer whose update the pass `knob` rewrites, refused by name when it is missing (no
+    optimizer at minimize), of another class, or built with a setting the pass does not build:
+    `refused(optimizer)` is {what: present}. `build` is how to construct the right one; `other`
+    names a sibling knob for the other optimizer."""
+    kind = optimizer_class.__name__
+    if optimizer is None:
+        raise CompileError(f"{knob} rewrites the optimizer's {kind} update, so it compiles with the optimizer: use "
+                           f"fleet.distributed_optimizer(paddle.optimizer.{kind}(...), strategy).minimize(loss)")
+    if not isinstance(optimizer, optimizer_class):
+        raise StrategyConflictError(f"{knob} works with the {kind} optimizer only, and this one is "
+                                    f"{type(optimizer).__name__}", field=knob, value=True,
+                                    fix=f"train with {build}, or turn {knob} off{other}")
+    for what, present in refused(optimizer).items():
+        if present:
+            raise StrategyConflictError(f"{knob} does not build {kind} with {what}", field=knob, value=True,
+                                        fix=f"leave it out of paddle.optimizer.{kind}(...), or turn {knob} off")
+    return optimizer
