@@ -14,6 +14,7 @@ from fleetlite.errors import FleetliteError
 from fleetlite.launcher.explain import explain
 from fleetlite.launcher.host_link import follow_first_host
 from fleetlite.launcher.job import Job
+from fleetlite.launcher import slurm_allocation
 from fleetlite.launcher.preflight import run_preflight
 from fleetlite.launcher.spec import parse_launch_spec
 from fleetlite.launcher.supervisor import StopRequest
@@ -36,6 +37,8 @@ def main(argv=None, prog="fleetrun", tune=None):
             return explain(spec, environ)
         if spec.tune:
             return tune(spec, environ, stop)
+        if slurm_allocation.applies(spec, environ):
+            return slurm_allocation.fan_out(spec, environ, stop)
         preflight = run_preflight(spec, environ)
         reservation = preflight.reservation
         job = Job(spec, preflight, environ, LocalTransport(), stop,
