@@ -132,7 +132,7 @@ class LaunchSpec:
     follow_stdin: bool = False
     notes: Tuple[str, ...] = ()
     tune: Optional[TuneOptions] = None   # --tune: time trials and write the best strategy
-    ips_stated: bool = True   # False when neither --ips nor PADDLE_IPS said the hosts
+    ips_stated: bool = False   # whether --ips or PADDLE_IPS said the hosts (else: the default)
 
 
 class _Parser(argparse.ArgumentParser):
