@@ -48,7 +48,7 @@ def step_command(spec, environ, python=sys.executable):
     inner = host_argv(dataclasses.replace(spec, nproc_per_node=per_host), hosts, job_id)
     per_host_fleetrun = (f'unset {" ".join(STEP_RANK_VARIABLES)}; '
                          f'exec {shlex.quote(python)} -m fleetlite.launcher --host "$SLURMD_NODENAME" "$@"')
-    argv = ["srun", f"--nodes={len(hosts)}", "--ntasks-per-node=1", f"--nodelist={nodelist}",
+    argv = ["srun", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1", f"--nodelist={nodelist}",
             "--kill-on-bad-exit=1", "sh", "-c", per_host_fleetrun, "fleetrun", *inner]
     workers = f"{per_host} workers" if per_host is not None else "its default workers"
     said = (f"inside Slurm allocation {environ.get('SLURM_JOB_ID', '?')} with no --ips: one fleetrun on each "

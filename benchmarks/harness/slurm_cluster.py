@@ -29,8 +29,16 @@ def unavailable():
     return namespace_cluster.unavailable() or apt_packages.install_missing(PACKAGES, COMMANDS)
 
 
-def version():
-    return subprocess.run(["/usr/sbin/slurmctld", "-V"], capture_output=True, text=True, timeout=10).stdout.strip()
+def open_mpi_unavailable():
+    """Why Open MPI's mpirun cannot run here (one line), None when it can; installs openmpi-bin."""
+    return apt_packages.install_missing(["openmpi-bin"], ["mpirun", "orted"])
+
+
+def versions():
+    """{'slurm': 'slurm-wlm 22.05.8', 'open_mpi': 'mpirun (Open MPI) 4.1.4'} of what runs here."""
+    def first_line(argv):
+        return subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+    return {"slurm": first_line(["/usr/sbin/slurmctld", "-V"]), "open_mpi": first_line(["mpirun", "--version"])}
 
 
 class SlurmCluster:
@@ -163,3 +171,29 @@ PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     def popen(self, argv, cwd=None, env=None, **options):
         return self.hosts.popen(self.names[0], argv, cwd=cwd, env={**(env or {}), **self.environment}, **options)
+
+    def mpirun(self, slots, cwd, exported, argv):
+        """Open MPI's command line that runs `argv` on `slots` (['node-a:2', 'node-b:2']) over the
+        hosts' sshd, with `exported` ('NAME=value' or 'NAME') in every rank's environment; run it in
+        the first host."""
+        ranks = sum(int(slot.rsplit(":", 1)[1]) for slot in slots)
+        interface = namespace_cluster.HOST_INTERFACE
+        command = ["mpirun", "--allow-run-as-root", "-np", str(ranks), "-H", ",".join(slots),
+                   "--mca", "plm_rsh_agent", self.hosts.ssh_command, "--mca", "oob_tcp_if_include", interface,
+                   "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", interface, "-wdir", str(cwd)]
+        for variable in exported:
+            command += ["-x", variable]
+        return command + list(argv)
+
+    def processes_running(self, text):
+        """'host pid: command line' of every process in the hosts whose command line holds `text`."""
+        found = []
+        for name in self.names:
+            for pid in self.hosts.processes(name):
+                try:
+                    command = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+                except FileNotFoundError:
+                    continue
+                if text in command:
+                    found.append(f"{name} {pid}: {command}")
+        return found
