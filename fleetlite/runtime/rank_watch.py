@@ -14,14 +14,12 @@ fleetrun's workers do not watch: fleetrun supervises them and reports the root c
 """
 import atexit
 import os
-import socket
 import struct
 import sys
 import threading
 import time
 
-from fleetlite.runtime.rendezvous_store import (COMMAND, GET, LENGTH, SET, STOP_WAIT, WAIT, DONE_PREFIX,
-                                                GONE_KEY, WATCH_PREFIX)
+from fleetlite.runtime.rendezvous_store import DONE_PREFIX, GONE_KEY, WATCH_PREFIX, StoreClient
 from fleetlite.topology import env_contract
 
 WATCHED_LAUNCHERS = ("Open MPI", "Slurm")
@@ -37,36 +35,18 @@ def wanted(environ):
     return env_contract.source_of(environ) in WATCHED_LAUNCHERS
 
 
-def _sized(data):
-    return LENGTH.pack(len(data)) + data
-
-
-def _receive(connection, size):
-    data = b""
-    while len(data) < size:
-        chunk = connection.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("the store closed the connection")
-        data += chunk
-    return data
-
-
 class RankWatch:
     """This rank's watch connection to the store at `address:port`; `start` begins waiting."""
 
     def __init__(self, address, port, rank, host, master_host):
         self.rank, self._master_host = rank, master_host
-        self._connection = socket.create_connection((address, port), timeout=CONNECT_TIMEOUT_S)
-        self._connection.settimeout(None)
-        self._send(SET, f"{WATCH_PREFIX}{rank}", host.encode())
+        self._store = StoreClient(address, port, CONNECT_TIMEOUT_S)
+        self._store.block(None)
+        self._store.set(f"{WATCH_PREFIX}{rank}", host.encode())
         self._finished = False
         self._gone = None
         self._gone_said = threading.Event()
         self._stopping = threading.Lock()
-
-    def _send(self, command, key, value=None):
-        message = COMMAND.pack(command) + _sized(key.encode())
-        self._connection.sendall(message + (_sized(value) if value is not None else b""))
 
     def start(self, exit_process=os._exit):
         """Wait in a daemon thread; on a lost rank print one line and call `exit_process`."""
@@ -79,13 +59,9 @@ class RankWatch:
 
     def _wait(self, exit_process):
         try:
-            self._send(WAIT, GONE_KEY)
-            (reply,) = COMMAND.unpack(_receive(self._connection, COMMAND.size))
-            if reply != STOP_WAIT:
+            if not self._store.wait(GONE_KEY):
                 return
-            self._send(GET, GONE_KEY)
-            (length,) = LENGTH.unpack(_receive(self._connection, LENGTH.size))
-            gone = _receive(self._connection, length).decode()
+            gone = self._store.get(GONE_KEY).decode()
         except (OSError, struct.error):
             gone = f"rank 0 on {self._master_host}, which served the job's store, is gone"
         if self._finished or not gone:   # this process, or the job, ended normally
@@ -119,10 +95,9 @@ class RankWatch:
             return
         self._finished = True
         try:
-            self._send(SET, f"{DONE_PREFIX}{self.rank}", b"1")
+            self._store.set(f"{DONE_PREFIX}{self.rank}", b"1")
             if self.rank == 0:
                 self._thread.join(FINISH_WAIT_S)
-            self._connection.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        self._connection.close()
+        self._store.close()

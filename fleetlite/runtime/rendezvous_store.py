@@ -15,6 +15,7 @@ What remains is stated in docs/security.md: during start-up, a process on one of
 hosts can still connect, read and write keys, as with Paddle's and torch's stores.
 """
 import collections
+import contextlib
 import selectors
 import socket
 import struct
@@ -231,3 +232,49 @@ class RendezvousStore:
         for waiters in self._waiting.values():
             if connection in waiters:
                 waiters.remove(connection)
+
+
+class StoreClient:
+    """Paddle's store protocol from Python, for what fleetlite itself asks of a store (the rank
+    watch, fleetrun's pod meeting); the training job's own client is Paddle's."""
+
+    def __init__(self, address, port, timeout):
+        self._connection = socket.create_connection((address, port), timeout=timeout)
+
+    def _send(self, command, key, tail=b""):
+        key = key.encode()
+        self._connection.sendall(COMMAND.pack(command) + LENGTH.pack(len(key)) + key + tail)
+
+    def _receive(self, size):
+        data = b""
+        while len(data) < size:
+            chunk = self._connection.recv(size - len(data))
+            if not chunk:
+                raise ConnectionError("the store closed the connection")
+            data += chunk
+        return data
+
+    def block(self, timeout):
+        """Wait at most `timeout` seconds for each reply from now on (None: without a deadline)."""
+        self._connection.settimeout(timeout)
+
+    def set(self, key, value):
+        self._send(SET, key, LENGTH.pack(len(value)) + value)
+
+    def add(self, key, amount):
+        self._send(ADD, key, INT64.pack(amount))
+        return INT64.unpack(self._receive(INT64.size))[0]
+
+    def wait(self, key):
+        """Return once `key` is set; False if the store answered anything else."""
+        self._send(WAIT, key)
+        return COMMAND.unpack(self._receive(COMMAND.size))[0] == STOP_WAIT
+
+    def get(self, key):
+        self._send(GET, key)
+        return self._receive(LENGTH.unpack(self._receive(LENGTH.size))[0])
+
+    def close(self):
+        with contextlib.suppress(OSError):
+            self._connection.shutdown(socket.SHUT_RDWR)
+        self._connection.close()

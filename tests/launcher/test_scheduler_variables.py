@@ -69,3 +69,21 @@ def test_a_rank_killed_under_srun_is_named_by_the_survivor_within_10_s(tmp_path)
     assert ranks[0].returncode == 1 and survived_s < NAMED_WITHIN_S, (survived_s, outputs[0][1][-2000:])
     assert f"fleetlite: rank 1 on {socket.gethostname()} is gone: stopping rank 0 too" in outputs[0][1]
     assert "Traceback" not in outputs[0][1]
+
+
+def test_paddlejob_pods_find_each_other_at_the_master_and_train_like_one_process(tmp_path, one_process):
+    """Kubeflow's contract, with one fleetrun per "pod" on loopback addresses (no Kubernetes here)."""
+    master = f"127.0.0.1:{free_port()}"
+    pods = []
+    for pod_ip in ("127.0.0.1", "127.0.0.2"):
+        folder = tmp_path / pod_ip
+        folder.mkdir()
+        pods.append(subprocess.Popen(
+            [sys.executable, "-m", "fleetlite.launcher", TRAIN, "--fleet", "--steps", str(STEPS), "--out", "w.npy"],
+            cwd=folder, env={**clean_environment(), **QUIET_CPU, "PADDLE_MASTER": master, "PADDLE_NNODES": "2",
+                             "PADDLE_JOB_ID": "fleetlite-digits", "POD_IP": pod_ip},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = finish(pods)
+    assert [pod.returncode for pod in pods] == [0, 0], outputs
+    assert f"the 2 pods met at {master}: --ips 127.0.0.1,127.0.0.2, this pod 127.0.0.2" in outputs[1][1]
+    np.testing.assert_allclose(np.load(tmp_path / "127.0.0.1" / "w.npy"), one_process, rtol=1e-5)

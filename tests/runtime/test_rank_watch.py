@@ -38,7 +38,7 @@ def test_a_rank_whose_watch_closes_unannounced_is_named_to_the_others(store, cap
     exits = {rank: Exits() for rank in (0, 2)}
     rank0.start(exits[0])
     rank2.start(exits[2])
-    rank1._connection.close()   # what the kernel does for a killed process
+    rank1._store.close()   # what the kernel does for a killed process
     assert exits[0].event.wait(WAIT_S) and exits[2].event.wait(WAIT_S)
     said = capfd.readouterr().err
     assert "fleetlite: rank 1 on node1 is gone: stopping rank 0 too" in said
