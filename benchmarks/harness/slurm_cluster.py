@@ -10,7 +10,8 @@ sees; munge wants the socket's folder 0755). `srun`, `sbatch` and `salloc` run i
 Everything stops when the `with` block ends (the cluster then removes the hosts and whatever ran
 in them).
 """
-import shutil
+import os
+import signal
 import subprocess
 import time
 
@@ -184,6 +185,37 @@ PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         for variable in exported:
             command += ["-x", variable]
         return command + list(argv)
+
+    def kill_rank_during(self, argv, cwd, env, rank, after_step=2, timeout=150):
+        """Start the job `argv` in the first host (its ranks print `rank R pid P` and `rank R step S`,
+        as tests/launcher_scripts/train_linear.py does), SIGKILL `rank` once it printed step
+        `after_step`, wait for the job's end: (seconds from the kill to the end, the whole output)."""
+        job = self.popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines, pid = [], None
+        try:
+            for line in job.stdout:
+                lines.append(line)
+                if line.startswith(f"rank {rank} pid "):
+                    pid = int(line.split()[-1])
+                if line.startswith(f"rank {rank} step {after_step} "):
+                    break
+            if pid is None:
+                raise RuntimeError(f"rank {rank} never trained: {''.join(lines)[-2000:]}")
+            os.kill(pid, signal.SIGKILL)
+            killed = time.monotonic()
+            rest, _ = job.communicate(timeout=timeout)
+            return time.monotonic() - killed, "".join(lines) + rest
+        finally:
+            job.kill()
+            job.wait()
+
+    def left_running(self, text, within_s):
+        """What still runs in the hosts with `text` in its command line after `within_s` seconds
+        (sooner when nothing does): [] when nothing was left."""
+        deadline = time.monotonic() + within_s
+        while (left := self.processes_running(text)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return left
 
     def processes_running(self, text):
         """'host pid: command line' of every process in the hosts whose command line holds `text`."""

@@ -2,8 +2,8 @@
 
 Under srun or mpirun a killed rank leaves the others blocked in a collective until gloo's timeout,
 which then prints `gloo::TimeoutException` and Paddle's FatalError, naming nobody; the scheduler
-alone says which task ended. So every rank keeps one more connection to rank 0's store (the
-Paddle protocol, spoken here by a few lines of Python) that says which rank and host it is, and
+alone says which task ended. So every rank keeps one more connection to rank 0's store (Paddle's
+protocol, spoken by rendezvous_store.StoreClient) that says which rank and host it is, and
 waits on the key `GONE_KEY`. The store (rendezvous_store) sees a watched connection close: a rank
 that says `DONE_PREFIX<rank>` first has finished; one that does not is gone, and the store writes
 `rank 2 on node1 is gone` under `GONE_KEY`, which wakes every other rank's watch at once. When
@@ -14,7 +14,6 @@ fleetrun's workers do not watch: fleetrun supervises them and reports the root c
 """
 import atexit
 import os
-import struct
 import sys
 import threading
 import time
@@ -62,7 +61,7 @@ class RankWatch:
             if not self._store.wait(GONE_KEY):
                 return
             gone = self._store.get(GONE_KEY).decode()
-        except (OSError, struct.error):
+        except OSError:
             gone = f"rank 0 on {self._master_host}, which served the job's store, is gone"
         if self._finished or not gone:   # this process, or the job, ended normally
             return

@@ -11,10 +11,8 @@ out over its hosts. About 3 minutes on 2 cores.
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -78,32 +76,9 @@ def slurm_host(endpoint):
     return {"10.213.0.1": "node-a", "10.213.0.2": "node-b"}.get(host, host)
 
 
-def kill_rank_during_the_job(slurm, argv, cwd, rank=2):
-    """Start the job, SIGKILL `rank` once it trains, wait for the job's end: (seconds from the kill to
-    the end, the job's whole output)."""
-    job = slurm.popen(argv, cwd=cwd, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines, pid = [], None
-    try:
-        for line in job.stdout:
-            lines.append(line)
-            if line.startswith(f"rank {rank} pid "):
-                pid = int(line.split()[-1])
-            if line.startswith(f"rank {rank} step 2 "):
-                break
-        os.kill(pid, signal.SIGKILL)
-        killed = time.monotonic()
-        rest, _ = job.communicate(timeout=JOB_TIMEOUT_S)
-        return time.monotonic() - killed, "".join(lines) + rest
-    finally:
-        job.kill()
-        job.wait()
-
-
 def assert_nothing_left(slurm):
-    deadline = time.monotonic() + LEFT_WITHIN_S
-    while left := slurm.processes_running(TRAIN):
-        assert time.monotonic() < deadline, f"left running: {left}"
-        time.sleep(0.2)
+    left = slurm.left_running(TRAIN, LEFT_WITHIN_S)
+    assert not left, f"left running: {left}"
 
 
 def test_srun_two_hosts_by_two_train_like_one_process_with_nothing_exported(slurm, tmp_path, one_process):
@@ -114,8 +89,8 @@ def test_srun_two_hosts_by_two_train_like_one_process_with_nothing_exported(slur
 
 
 def test_a_rank_killed_under_srun_is_named_by_the_survivors_within_10_s(slurm, tmp_path):
-    seconds, output = kill_rank_during_the_job(
-        slurm, srun(*train("--steps", "200", "--step_seconds", "0.2")), tmp_path)
+    seconds, output = slurm.kill_rank_during(srun(*train("--steps", "200", "--step_seconds", "0.2")), tmp_path,
+                                             environment(), rank=2)
     assert seconds < NAMED_WITHIN_S, output[-3000:]
     for survivor in (0, 1, 3):
         assert f"fleetlite: rank 2 on node-b is gone: stopping rank {survivor} too" in output, output[-3000:]
@@ -150,8 +125,8 @@ def test_mpirun_over_ssh_trains_like_one_process_with_true_endpoints(slurm, tmp_
 
 
 def test_a_rank_killed_under_mpirun_is_named_by_the_survivors_within_10_s(slurm, tmp_path):
-    seconds, output = kill_rank_during_the_job(
-        slurm, mpirun(slurm, tmp_path, *train("--steps", "200", "--step_seconds", "0.2")), tmp_path)
+    seconds, output = slurm.kill_rank_during(mpirun(slurm, tmp_path, *train("--steps", "200", "--step_seconds", "0.2")),
+                                             tmp_path, environment(), rank=2)
     assert seconds < NAMED_WITHIN_S, output[-3000:]
     assert "fleetlite: rank 2 on node-b is gone: stopping rank" in output, output[-3000:]
     assert_nothing_left(slurm)
