@@ -87,7 +87,7 @@ def is_first_worker():
 
 
 def worker_endpoints(to_string=False):
-    endpoints = list(_topology().endpoints)
+    endpoints = list(process_group.endpoints(_topology()))
     return ",".join(endpoints) if to_string else endpoints
 
 

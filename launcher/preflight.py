@@ -5,23 +5,20 @@ should say so at once, not hang in a rendezvous (Paddle silently gives a host th
 --ips rank offset 0, and a taken port aborts rank 0's store).
 """
 import dataclasses
-import fcntl
 import ipaddress
 import os
 import re
 import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
 
 from fleetlite.errors import LaunchError
+from fleetlite.interprocess.network_interfaces import GLOO_INTERFACE_ENV, interface_addresses
 from fleetlite.launcher import ports
 from fleetlite.launcher.plan import check_spec, job_port, pinned_port
 
-SIOCGIFADDR = 0x8915
-GLOO_INTERFACE_ENV = "GLOO_SOCKET_IFNAME"
 LOOPBACK = "127.0.0.1"
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
 HOST_LOOKUP_TIMEOUT_S = 5.0
@@ -144,19 +141,6 @@ def _first_non_folder(path):
         if os.path.lexists(prefix) and not os.path.isdir(prefix):
             return prefix
     return None
-
-
-def interface_addresses():
-    """{IPv4 address: interface} of this machine's interfaces (read with an ioctl; no traffic)."""
-    found = {}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        for _, name in socket.if_nameindex():
-            request = struct.pack("256s", name.encode()[:15])
-            try:
-                found[socket.inet_ntoa(fcntl.ioctl(probe.fileno(), SIOCGIFADDR, request)[20:24])] = name
-            except OSError:  # an interface without an IPv4 address
-                continue
-    return found
 
 
 def _ipv4_of(name):

@@ -132,6 +132,7 @@ class LaunchSpec:
     follow_stdin: bool = False
     notes: Tuple[str, ...] = ()
     tune: Optional[TuneOptions] = None   # --tune: time trials and write the best strategy
+    ips_stated: bool = False   # whether --ips or PADDLE_IPS said the hosts (else: the default)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -187,16 +188,23 @@ def parse_launch_spec(argv, environ, prog="fleetrun"):
             notes.append(note)
     return LaunchSpec(script=args.script, script_args=tuple(args.script_args), explain=args.explain,
                       ssh=args.ssh, follow_stdin=args.follow_stdin, notes=tuple(notes),
-                      tune=tune_options(args), **values)
+                      tune=tune_options(args), ips_stated=args.ips is not None or "PADDLE_IPS" in environ,
+                      **values)
 
 
 def follower_argv(spec, host, start_port):
     """The fleetrun command line that --ssh runs on `host`: every resolved value spelled out as
     a flag (ssh does not carry the environment), the port pinned so all hosts agree."""
-    argv = ["--ips", ",".join(spec.ips), "--host", host, "--log_dir", spec.log_dir,
-            "--start_port", str(start_port), "--max_restarts", str(spec.max_restarts),
-            "--job_id", spec.job_id, "--collective_stall_timeout", str(spec.collective_stall_timeout),
-            "--follow_stdin"]
+    return host_argv(spec, spec.ips, spec.job_id, ["--host", host, "--start_port", str(start_port),
+                                                   "--follow_stdin"])
+
+
+def host_argv(spec, ips, job_id, pinned=()):
+    """The command line of one host's fleetrun in a job that another fleetrun starts on every host
+    (over ssh, or in a Slurm allocation): the resolved values as flags, with `pinned` ones."""
+    argv = ["--ips", ",".join(ips), *pinned, "--log_dir", spec.log_dir,
+            "--max_restarts", str(spec.max_restarts), "--job_id", job_id,
+            "--collective_stall_timeout", str(spec.collective_stall_timeout)]
     if spec.devices is not None:
         argv += ["--devices", ",".join(map(str, spec.devices))]
     if spec.nproc_per_node is not None:

@@ -38,7 +38,8 @@ from paddle.distributed.parallel import _set_expected_place
 
 from fleetlite.errors import TopologyError
 from fleetlite.interprocess import tcp_ports
-from fleetlite.runtime import rendezvous_store
+from fleetlite.interprocess.network_interfaces import GLOO_INTERFACE_ENV, interface_towards
+from fleetlite.runtime import rank_watch, rendezvous_store
 from fleetlite.topology.env_contract import worker_env
 
 TIMEOUT_ENV = "FLEETLITE_INIT_TIMEOUT"
@@ -47,7 +48,10 @@ GROUP_NAME = "_default_pg"   # the name Paddle gives its default group
 
 _store = None
 _server = None   # rank 0's RendezvousStore
+_watch = None    # this rank's RankWatch, for jobs no fleetrun supervises
+ENDPOINT_PREFIX = "/fleetlite/endpoint/"
 _deferred = None   # the (topology, timeout) fleet.init left for the first call that needs peers
+_exchanged_endpoints = None   # every rank's own endpoint, when the launcher did not say them (Open MPI)
 
 
 def init_timeout(environ=os.environ):
@@ -67,15 +71,43 @@ def bring_up(topology, timeout):
     if existing is not None:
         _store = _adopt(existing, topology)
         return
+    watched = rank_watch.wanted(os.environ)   # before the lines below make it look like fleetrun's
     for name, value in worker_env(topology).items():   # Paddle's C++ side reads these
         if name.startswith(("PADDLE_", "FLAGS_")):
             os.environ.setdefault(name, value)
     host, port = topology.master.rsplit(":", 1)
     if topology.rank != 0:
         wait_for_endpoint(host, int(port), timeout, topology.rank)
+    interface, own_address = interface_towards(host)
+    if interface:   # fleetrun sets it for its workers; under srun or mpirun each rank binds its own
+        os.environ.setdefault(GLOO_INTERFACE_ENV, interface)
     with dynamic_mode():
-        _store = _rendezvous(host, int(port), topology, timeout)
+        _store = _rendezvous(host, int(port), topology, timeout, watched)
+        if topology.endpoints_from_store:
+            _exchange_endpoints(_store, topology, own_address)
         _register_default_group(_store, topology)
+    if _watch is not None:
+        _watch.start()
+
+
+def _exchange_endpoints(store, topology, own_address):
+    """Every rank's own endpoint (its address on the route to the master, the master's port plus
+    its local rank), through the store; rank 0's stays the master."""
+    global _exchanged_endpoints
+    port = int(topology.master.rsplit(":", 1)[1])
+    mine = topology.master if topology.rank == 0 else f"{own_address}:{port + topology.local_rank}"
+    store.set(f"{ENDPOINT_PREFIX}{topology.rank}", mine.encode())
+    _exchanged_endpoints = tuple(store.get(f"{ENDPOINT_PREFIX}{rank}").decode()
+                                 for rank in range(topology.world_size))
+
+
+def endpoints(topology):
+    """Every rank's endpoint: the topology's, or, where the launcher did not say them, the ones the
+    ranks exchanged (meeting the other ranks first if fleet.init deferred it)."""
+    if not topology.endpoints_from_store:
+        return topology.endpoints
+    connect("fleet.worker_endpoints()")
+    return _exchanged_endpoints or topology.endpoints
 
 
 def defer(topology, timeout):
@@ -150,12 +182,14 @@ def _unreachable(host, port, timeout, rank, why):
         f"({TIMEOUT_ENV} sets the wait)")
 
 
-def _rendezvous(host, port, topology, timeout):
+def _rendezvous(host, port, topology, timeout, watched=False):
     """Paddle's store client on every rank; rank 0 first serves the store (rendezvous_store)
     on the master's address only, and waits until every rank has connected."""
-    global _server
+    global _server, _watch
     if topology.rank == 0:
         _server = _serve_store(host, port, topology)
+    if watched:   # before the store stops listening
+        _watch = rank_watch.RankWatch(socket.gethostbyname(host), port, topology.rank, socket.gethostname(), host)
     try:
         store = core.TCPStore(host, port, False, topology.world_size, timeout)
     except Exception as exc:  # Paddle raises SystemError with its own text
@@ -178,8 +212,12 @@ def _rendezvous_failed(host, port, topology, timeout):
 
 def _serve_store(host, port, topology):
     address = socket.gethostbyname(host)
-    peers = None if ipaddress.ip_address(address).is_loopback else {
-        socket.gethostbyname(endpoint.rsplit(":", 1)[0]) for endpoint in topology.endpoints}
+    if ipaddress.ip_address(address).is_loopback:
+        peers = None
+    elif topology.endpoints_from_store:
+        peers = rendezvous_store.ANY_HOST
+    else:
+        peers = {socket.gethostbyname(endpoint.rsplit(":", 1)[0]) for endpoint in topology.endpoints}
     try:
         return rendezvous_store.RendezvousStore(address, port, topology.world_size, peers)
     except OSError as exc:

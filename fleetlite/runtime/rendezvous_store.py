@@ -8,10 +8,14 @@ rank 0 included, connects with Paddle's client (`core.TCPStore(..., is_master=Fa
 - the listener binds the master endpoint's address (loopback for a one-host job);
 - it accepts only the job's hosts, and at most a few connections more than the ranks;
 - it stops listening once every rank has connected: their connections stay, the port closes.
+It also watches the ranks for jobs no fleetrun supervises (rank_watch): a connection that set
+`WATCH_PREFIX<rank>` and closes before setting `DONE_PREFIX<rank>` is a rank gone, written under
+`GONE_KEY` for the other ranks' watches; rank 0's `DONE_PREFIX0` ends the job, an empty `GONE_KEY`.
 What remains is stated in docs/security.md: during start-up, a process on one of the job's
 hosts can still connect, read and write keys, as with Paddle's and torch's stores.
 """
 import collections
+import contextlib
 import selectors
 import socket
 import struct
@@ -27,7 +31,9 @@ INT64 = struct.Struct("=q")
 INIT_KEY = b"/init/"          # every client adds 1 here when it connects (TCPStore::waitWorkers)
 MAX_KEY_BYTES = 4096
 MAX_VALUE_BYTES = 16 << 20
-SPARE_CONNECTIONS = 8         # beyond one per rank: a rank's reachability probe, a late close
+SPARE_CONNECTIONS = 8         # beyond two per rank (its client, its watch): a reachability probe, a late close
+WATCH_PREFIX, DONE_PREFIX, GONE_KEY = "/fleetlite/watch/", "/fleetlite/done/", "/fleetlite/gone"
+ANY_HOST = "any host"         # peers when the launcher names no hosts (Open MPI)
 SEND_TIMEOUT_S = 10
 
 
@@ -75,7 +81,8 @@ class RendezvousStore:
     """Serves Paddle's store protocol on `address:port` (0: a free one, then `.port`) from a
     daemon thread until `close`.
 
-    `peers` are the IPv4 addresses allowed to connect (None: loopback ones only)."""
+    `peers` are the IPv4 addresses allowed to connect (None: loopback ones only; ANY_HOST: any,
+    for a launcher that names no hosts until the ranks have met)."""
 
     def __init__(self, address, port, world_size, peers=None):
         self.world_size = world_size
@@ -84,6 +91,7 @@ class RendezvousStore:
         self._values = {}
         self._waiting = collections.defaultdict(list)
         self._buffers = {}
+        self._watched = {}    # watch connection -> (rank, host)
         self._all_joined = threading.Event()
         self._selector = selectors.DefaultSelector()
         self._listener = socket.create_server((address, port))   # SO_REUSEADDR, as Paddle's
@@ -134,7 +142,7 @@ class RendezvousStore:
                 self.refused.add(peer)
             connection.close()
             return
-        if len(self._buffers) >= self.world_size + SPARE_CONNECTIONS:
+        if len(self._buffers) >= 2 * self.world_size + SPARE_CONNECTIONS:
             connection.close()
             return
         connection.setblocking(True)
@@ -146,6 +154,8 @@ class RendezvousStore:
     def _allowed(self, peer):
         if self._peers is None:
             return peer.startswith("127.")
+        if self._peers == ANY_HOST:
+            return True
         return peer in self._peers
 
     def _read(self, connection):
@@ -173,6 +183,7 @@ class RendezvousStore:
         elif command == SET:
             self._values[key] = argument
             self._notify(key)
+            self._follow_watch(connection, key.decode(errors="replace"), argument)
         elif command == GET:
             value = self._values[key]     # Paddle's client waits for the key first; else: dropped
             connection.sendall(LENGTH.pack(len(value)) + value)
@@ -190,6 +201,19 @@ class RendezvousStore:
             except OSError:
                 self._drop(waiter)
 
+    def _follow_watch(self, connection, key, value):
+        if key.startswith(WATCH_PREFIX):
+            self._watched[connection] = (key[len(WATCH_PREFIX):], value.decode(errors="replace"))
+        elif key.startswith(DONE_PREFIX):
+            self._watched.pop(connection, None)
+            if key == f"{DONE_PREFIX}0":
+                self._announce_gone(b"")
+
+    def _announce_gone(self, what):
+        if GONE_KEY.encode() not in self._values:   # the first loss is the root cause
+            self._values[GONE_KEY.encode()] = what
+            self._notify(GONE_KEY.encode())
+
     def _stop_listening(self):
         if self._listener is not None:
             self._selector.unregister(self._listener)
@@ -202,6 +226,55 @@ class RendezvousStore:
             return
         self._selector.unregister(connection)
         connection.close()
+        if connection in self._watched:
+            rank, host = self._watched.pop(connection)
+            self._announce_gone(f"rank {rank} on {host} is gone".encode())
         for waiters in self._waiting.values():
             if connection in waiters:
                 waiters.remove(connection)
+
+
+class StoreClient:
+    """Paddle's store protocol from Python, for what fleetlite itself asks of a store (the rank
+    watch, fleetrun's pod meeting); the training job's own client is Paddle's."""
+
+    def __init__(self, address, port, timeout):
+        self._connection = socket.create_connection((address, port), timeout=timeout)
+
+    def _send(self, command, key, tail=b""):
+        key = key.encode()
+        self._connection.sendall(COMMAND.pack(command) + LENGTH.pack(len(key)) + key + tail)
+
+    def _receive(self, size):
+        data = b""
+        while len(data) < size:
+            chunk = self._connection.recv(size - len(data))
+            if not chunk:
+                raise ConnectionError("the store closed the connection")
+            data += chunk
+        return data
+
+    def block(self, timeout):
+        """Wait at most `timeout` seconds for each reply from now on (None: without a deadline)."""
+        self._connection.settimeout(timeout)
+
+    def set(self, key, value):
+        self._send(SET, key, LENGTH.pack(len(value)) + value)
+
+    def add(self, key, amount):
+        self._send(ADD, key, INT64.pack(amount))
+        return INT64.unpack(self._receive(INT64.size))[0]
+
+    def wait(self, key):
+        """Return once `key` is set; False if the store answered anything else."""
+        self._send(WAIT, key)
+        return COMMAND.unpack(self._receive(COMMAND.size))[0] == STOP_WAIT
+
+    def get(self, key):
+        self._send(GET, key)
+        return self._receive(LENGTH.unpack(self._receive(LENGTH.size))[0])
+
+    def close(self):
+        with contextlib.suppress(OSError):
+            self._connection.shutdown(socket.SHUT_RDWR)
+        self._connection.close()

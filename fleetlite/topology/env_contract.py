@@ -2,7 +2,10 @@
 
 `fleetrun` writes a worker's environment with `worker_env`; the worker reads its Topology back
 with `read_topology`. Jobs started by other schedulers work too: Open MPI (`mpirun`) and Slurm
-(`srun`) variables are read when fleetrun's are absent.
+(`srun`) variables are read when fleetrun's are absent. Under srun nothing is exported by hand:
+rank 0's store is on the step's first host at a port derived from the job and step ids, and each
+rank's endpoint is on its own host. Open MPI names no hosts: rank 0's store comes from
+PADDLE_MASTER, and each rank's own endpoint is exchanged through the store (docs/clusters.md).
 
 Paddle's variables are read by Paddle's own rules (its collective role maker): the rank is
 PADDLE_TRAINER_ID (0 when unset), the world is PADDLE_TRAINERS_NUM or else the number of
@@ -16,6 +19,7 @@ the batch step's SLURM_PROCID, which is the same for every process.)
 import sys
 
 from fleetlite.errors import TopologyError
+from fleetlite.topology import slurm_variables
 from fleetlite.topology.topology import Topology
 
 TRAINER_ID = "PADDLE_TRAINER_ID"
@@ -128,36 +132,102 @@ def _from_paddle(environ):
                 node_rank=node_rank, node_count=node_count, endpoints=endpoints)
 
 
-def _master_endpoints(environ, world, source):
+def _explicit_master(environ):
     master = environ.get(MASTER)
     if not master and environ.get("MASTER_ADDR"):
         master = f"{environ['MASTER_ADDR']}:{environ.get('MASTER_PORT', '6070')}"
-    if not master:
-        raise TopologyError(f"{source} gives ranks but no rendezvous address: export "
-                            f"{MASTER}=host:port (or MASTER_ADDR and MASTER_PORT) for rank 0's store")
-    host, port = master.rsplit(":", 1)
-    return [master] + [f"{host}:{int(port) + r}" for r in range(1, world)]
+    return master
+
+
+def _endpoints(master, hosts_of_ranks, local_ranks):
+    """Each rank's endpoint: its own host, the master's port plus its local rank (as fleetrun's);
+    rank 0's is the master itself."""
+    port = int(master.rsplit(":", 1)[1])
+    return [master] + [f"{hosts_of_ranks[r]}:{port + local_ranks[r]}" for r in range(1, len(hosts_of_ranks))]
 
 
 def _from_mpi(environ):
+    """Open MPI says each rank's place but not its host, nor where rank 0 is: the master comes from
+    the environment (`mpirun -x PADDLE_MASTER=host:port`), and each rank's own endpoint is
+    exchanged through the store when the process group comes up (endpoints_from_store)."""
     rank = _int(environ, "OMPI_COMM_WORLD_RANK", "Open MPI")
     world = _int(environ, "OMPI_COMM_WORLD_SIZE", "Open MPI")
     local_rank = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", "Open MPI")
     local_size = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", "Open MPI")
+    master = _explicit_master(environ)
+    if not master:
+        raise TopologyError(f"Open MPI gives ranks but no rendezvous address: export "
+                            f"{MASTER}=host:port (or MASTER_ADDR and MASTER_PORT) for rank 0's store, "
+                            f"e.g. mpirun -x {MASTER}=<first host>:29500")
+    host = master.rsplit(":", 1)[0]
     return dict(rank=rank, world_size=world, local_rank=local_rank, local_size=local_size,
                 node_rank=rank // local_size, node_count=max(1, world // local_size),
-                endpoints=_master_endpoints(environ, world, "Open MPI"))
+                endpoints=_endpoints(master, [host] * world, list(range(world))),
+                endpoints_from_store=world > 1)
+
+
+def _slurm_hosts(environ):
+    """The step's hosts, from its hostlist; None when Slurm does not say them."""
+    nodelist = next((environ[n] for n in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+                     if environ.get(n)), None)
+    return slurm_variables.expand_hostlist(nodelist) if nodelist else None
+
+
+def _slurm_layout(environ, hosts, world):
+    """(host of each rank, local rank of each rank, tasks of each host) under Slurm's default block
+    distribution; None when Slurm does not say the tasks per host or distributes otherwise."""
+    tasks = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
+    if not hosts or not tasks or not environ.get("SLURM_DISTRIBUTION", "block").startswith("block"):
+        return None
+    counts = slurm_variables.expand_tasks_per_node(tasks)
+    if len(hosts) != len(counts) or sum(counts) != world:
+        raise TopologyError(f"Slurm's step spans {len(hosts)} hosts ({', '.join(hosts)}) with tasks per "
+                            f"node {tasks} ({sum(counts)} tasks on {len(counts)} hosts), but "
+                            f"SLURM_NTASKS={world}: run the script with srun inside the allocation")
+    hosts_of_ranks = [host for host, count in zip(hosts, counts) for _ in range(count)]
+    local_ranks = [local for count in counts for local in range(count)]
+    return hosts_of_ranks, local_ranks, counts
+
+
+def _slurm_step_port(environ):
+    step = environ.get("SLURM_STEP_ID", "")
+    return slurm_variables.rendezvous_port(_int(environ, "SLURM_JOB_ID", "Slurm"),
+                                           int(step) if step.isdigit() else 0)
 
 
 def _from_slurm(environ):
+    """Slurm says each rank's host (the step's hostlist and tasks per node), so rank 0's store is
+    on the first host, at a port derived from the job and step ids: nothing is exported by hand.
+    Under a distribution other than block each rank's endpoint comes from the store."""
     rank = _int(environ, "SLURM_PROCID", "Slurm")
     world = _int(environ, "SLURM_NTASKS", "Slurm")
     node_count = _int(environ, "SLURM_NNODES", "Slurm") if "SLURM_NNODES" in environ else 1
     local_rank = _int(environ, "SLURM_LOCALID", "Slurm") if "SLURM_LOCALID" in environ else 0
     node_rank = _int(environ, "SLURM_NODEID", "Slurm") if "SLURM_NODEID" in environ else 0
-    return dict(rank=rank, world_size=world, local_rank=local_rank,
-                local_size=max(1, world // node_count), node_rank=node_rank, node_count=node_count,
-                endpoints=_master_endpoints(environ, world, "Slurm"))
+    hosts = _slurm_hosts(environ)
+    master = _explicit_master(environ)
+    if not master and hosts and "SLURM_JOB_ID" in environ:
+        master = f"{hosts[0]}:{_slurm_step_port(environ)}"
+    if not master:
+        raise TopologyError(f"Slurm gives ranks but no rendezvous address: run the script with srun "
+                            f"(which sets SLURM_JOB_ID and SLURM_STEP_NODELIST), or export "
+                            f"{MASTER}=host:port (or MASTER_ADDR and MASTER_PORT) for rank 0's store")
+    layout = _slurm_layout(environ, hosts, world)
+    if layout is None:
+        return dict(rank=rank, world_size=world, local_rank=local_rank,
+                    local_size=max(1, world // node_count), node_rank=node_rank, node_count=node_count,
+                    endpoints=_endpoints(master, [master.rsplit(":", 1)[0]] * world, list(range(world))),
+                    endpoints_from_store=world > 1)
+    hosts_of_ranks, local_ranks, counts = layout
+    return dict(rank=rank, world_size=world, local_rank=local_rank, local_size=counts[node_rank],
+                node_rank=node_rank, node_count=len(counts),
+                endpoints=_endpoints(master, hosts_of_ranks, local_ranks))
+
+
+def source_of(environ):
+    """Which launcher set this process's place in the job ('fleetrun', 'Open MPI', 'Slurm'), or None."""
+    present = _present(environ)
+    return present[0][0] if present else None
 
 
 SOURCES = (  # (name, its rank variable, other variables that mark it present, reader), in precedence order

@@ -22,6 +22,9 @@ class Topology:
     endpoints: Tuple[str, ...] = field(default=("127.0.0.1:6070",))
     device: str = "cpu"
     device_id: Optional[int] = None
+    # True when the launcher (Open MPI) did not say where each rank runs: until the process group
+    # exchanges them through the store, endpoints other than rank 0's (the master) are guesses.
+    endpoints_from_store: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "endpoints", tuple(self.endpoints))

@@ -2,14 +2,18 @@
 
 Each step every rank takes its slice of the same global batch, computes its gradient
 (Tensor.backward, which the bootstrap counts as progress), all-reduces it and takes an SGD step,
-so every attempt is deterministic. With --checkpoint, rank 0 saves (step, weights) after every
+so every attempt is deterministic. With --fleet it starts with fleetlite's `fleet.init` instead
+of Paddle's init_parallel_env, as a script run by srun, mpirun or a PaddleJob pod does, and
+--endpoints DIR has each rank write what fleet.worker_endpoints() says to DIR/endpoints.<rank>.json. With --checkpoint, rank 0 saves (step, weights) after every
 step and all ranks resume from it, as a script under `fleetrun --max_restarts` should.
 
 --fail RANK:STEP:HOW makes RANK fail before STEP on the first attempt only (restart count 0):
 raise (an exception), exit (code 3), kill (SIGKILL itself) or stall (sleep for an hour).
 """
 import argparse
+import json
 import os
+import socket
 import signal
 import subprocess
 import sys
@@ -18,6 +22,8 @@ import time
 import numpy as np
 import paddle
 import paddle.distributed as dist
+
+import fleetlite as fleet
 
 FEATURES, GLOBAL_BATCH, LEARNING_RATE = 8, 16, 0.05
 
@@ -30,6 +36,8 @@ def parse_args():
     parser.add_argument("--checkpoint", default=None, help="a .npz file")
     parser.add_argument("--out", default=None, help="rank 0 writes the final weights here (.npy)")
     parser.add_argument("--child", action="store_true", help="start a `sleep` child, print its pid")
+    parser.add_argument("--fleet", action="store_true", help="fleet.init instead of init_parallel_env")
+    parser.add_argument("--endpoints", default=None, help="a folder for each rank's endpoints.<rank>.json")
     return parser.parse_args()
 
 
@@ -61,8 +69,14 @@ def resume(path):
 
 def main():
     args = parse_args()
-    dist.init_parallel_env()
+    if args.fleet:
+        fleet.init(is_collective=True)
+    else:
+        dist.init_parallel_env()
     rank, world = dist.get_rank(), dist.get_world_size()
+    if args.endpoints:
+        with open(os.path.join(args.endpoints, f"endpoints.{rank}.json"), "w") as out:
+            json.dump({"host": socket.gethostname(), "endpoints": fleet.worker_endpoints()}, out)
     print(f"rank {rank} pid {os.getpid()}", flush=True)
     if args.child:
         child = subprocess.Popen(["sleep", "600"])

@@ -103,8 +103,8 @@ def test_it_stops_listening_once_every_rank_has_connected_and_keeps_serving_them
 
 def test_connections_beyond_the_ranks_own_are_closed_at_once(store):
     port = store.port
-    clients = [Client(port) for _ in range(store.world_size + SPARE_CONNECTIONS + 20)]
-    kept = clients[:store.world_size + SPARE_CONNECTIONS]
+    clients = [Client(port) for _ in range(2 * store.world_size + SPARE_CONNECTIONS + 20)]
+    kept = clients[:2 * store.world_size + SPARE_CONNECTIONS]   # each rank: its client and its watch
     assert all(c.is_closed_by_store() for c in clients[len(kept):])
     assert kept[-1].add(b"/still", 1) == 1
 
