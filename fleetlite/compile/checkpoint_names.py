@@ -9,28 +9,29 @@ from fleetlite.strategy import checkpoint_values
 
 
 def resolve(entries, forward):
-    """The checkpoint values of `entries` among the `forward` ops (program order)."""
-    return [_value_of(entry, forward) for entry in entries]
+    """The checkpoint values of `entries` among the `forward` ops (program order); a layer called
+    several times gives the output of each call."""
+    return [value for entry in entries for value in _values_of(entry, forward)]
 
 
-def _value_of(entry, forward):
+def _values_of(entry, forward):
     token = checkpoint_values.parsed(entry)
     if token is not None:
         name, op_id, index = token
         for op in forward:
             if op.id() == op_id and op.name() == name:
-                return op.result(index)
+                return [op.result(index)]
         raise CompileError(f"recompute checkpoint {entry} is no forward value of the program being compiled: set "
                            f"recompute_configs.checkpoints to values of this program's forward, after building it "
                            f"and before distributed_optimizer(...).minimize(loss)")
-    output = layer_output(entry, forward)
-    if output is None:
+    outputs = layer_outputs(entry, forward)
+    if not outputs:
         layers = sorted(layer_names(forward))
         shown = ", ".join(layers[:8]) + (", ..." if len(layers) > 8 else "")
         raise CompileError(f"recompute checkpoint '{entry}' names no layer of this program: a name is a layer's, "
                            f"whose parameters are '<name>.*' (here: {shown or 'none'}); or set the PIR values "
                            f"themselves: recompute_configs = {{'checkpoints': [h1, h2]}}")
-    return output
+    return outputs
 
 
 def _parameter_name(value):
@@ -46,17 +47,17 @@ def layer_names(forward):
             for name in [_parameter_name(source)] if name and "." in name}
 
 
-def layer_output(layer, forward):
-    """The first result of the last forward op that reads `layer`'s parameters (or values made
-    from them alone, such as a reshaped bias), or None if no op reads them."""
-    derived, output = set(), None
+def layer_outputs(layer, forward):
+    """The outputs of `layer`'s calls: of the forward ops that read its parameters (or values made
+    from them alone, such as a reshaped bias) together with other inputs, the results no other such
+    op reads (a Linear's matmul feeds its bias add: the add's result is the output)."""
+    derived, readers = set(), []
     for op in forward:
-        sources = op.operands_source()
-        own = [program_edit.key(s) in derived or (_parameter_name(s) or "").startswith(layer + ".") for s in sources]
-        if not any(own):
-            continue
-        if all(own):
+        own = [program_edit.key(s) in derived or (_parameter_name(s) or "").startswith(layer + ".")
+               for s in op.operands_source()]
+        if all(own) and own:
             derived.update(program_edit.key(result) for result in op.results())
-        else:
-            output = op.result(0)
-    return output
+        elif any(own):
+            readers.append(op)
+    read_by_layer = {program_edit.key(s) for op in readers for s in op.operands_source()}
+    return [op.result(0) for op in readers if program_edit.key(op.result(0)) not in read_by_layer]
