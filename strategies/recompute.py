@@ -62,11 +62,13 @@ class Recompute(Pass):
     @staticmethod
     def check_strategy(strategy, topology):
         configs = strategy.recompute_configs
-        if strategy.recompute and configs.enable_offload and (topology is None or topology.device == "cpu"):
-            raise StrategyConflictError(
-                "recompute_configs.enable_offload moves checkpoints from the GPU to host memory, and on CPU they "
-                "are in host memory already: there is nothing to offload to", field="recompute_configs.enable_offload",
-                value=True, fix="set recompute_configs.enable_offload: false (and drop checkpoint_shape)")
+        if strategy.recompute and configs.enable_offload:
+            on_gpu = topology is not None and topology.device != "cpu"
+            why = ("fleetlite does not implement offload on GPUs yet" if on_gpu else
+                   "on CPU the checkpoints are in host memory already: there is nothing to offload to")
+            raise StrategyConflictError(f"recompute_configs.enable_offload moves checkpoints from the GPU to host "
+                                        f"memory, and {why}", field="recompute_configs.enable_offload", value=True,
+                                        fix="set recompute_configs.enable_offload: false (and drop checkpoint_shape)")
         if strategy.recompute and requested(strategy, "build_strategy.enable_sequential_execution") \
                 and not strategy.build_strategy.enable_sequential_execution:
             raise StrategyConflictError(
