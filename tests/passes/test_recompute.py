@@ -54,6 +54,7 @@ def test_each_way_of_naming_checkpoints_gives_its_segments(ranks):
     assert [len(s) for s in segments.values()] == [2, 2, 4]    # two checkpoints; four marked calls
     assert [s["recomputed"] for s in segments["values"]] == [["pd_op.matmul", "pd_op.add", "pd_op.tanh",
                                                              "pd_op.matmul"]] * 2
+    assert [s["recomputed"] for s in segments["marks"]] == [["pd_op.matmul", "pd_op.add", "pd_op.tanh"]] * 4
 
 
 def build(configs=None, marked=False, topology=Topology.grid(2), recompute=True, **fields):
