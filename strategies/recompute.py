@@ -82,10 +82,7 @@ class Recompute(Pass):
                                         fix=f"remove recompute_configs.{field}")
 
     def apply(self, context):
-        block = context.block
-        ops = list(block.ops)
-        forward = [op for op in ops if op.op_role == program_edit.FORWARD]
-        backward = {op for op in ops if op.op_role == program_edit.BACKWARD}
+        forward, backward = split_at_backward(list(context.block.ops))
         checkpoints = self.strategy.recompute_configs.checkpoints
         if checkpoints:
             segments = segments_between(forward, checkpoint_names.resolve(checkpoints, forward))
@@ -119,6 +116,15 @@ class Recompute(Pass):
             for result in op.results():
                 result.replace_grad_users_with(mapping.look_up(result), backward)
         return {**described, "before": first.name()}
+
+
+def split_at_backward(ops):
+    """(the forward's ops, the set of backward ops). Paddle's backward starts at its first op: the
+    first with the backward role that no pass built (a forward pass such as amp gives its casts
+    that role too, so the role alone does not tell)."""
+    start = next(i for i, op in enumerate(ops)
+                 if op.op_role == program_edit.BACKWARD and program_edit.provenance(op) is None)
+    return ops[:start], {op for op in ops[start:] if op.op_role == program_edit.BACKWARD}
 
 
 def needed_by_backward(segment, backward):
