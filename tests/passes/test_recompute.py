@@ -7,9 +7,6 @@ parameters and the mean of the ranks' losses must equal it to 1e-6. fleet.train_
 in tests/runtime/test_dygraph_train_step.py (case "recompute"). Structure, the stored values and
 the refusals run in this process; the memory it saves is measured by benchmarks/memory/recompute.py.
 """
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +17,7 @@ from fleetlite import CompileError, DistributedStrategy, StrategyConflictError, 
 from fleetlite.compile import program_edit
 from fleetlite.runtime import training_program
 from fleetlite.strategies.recompute import kept
-from support.multiprocess import clean_environment
+from support.rank_results import assert_ranks_equal_the_reference, run_through_fleetrun
 from workers import recompute_worker
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "recompute_worker.py"
@@ -30,23 +27,12 @@ IN_ORDER = "FLAGS_new_executor_sequential_run"
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("recompute")
-    run = subprocess.run([sys.executable, "-m", "fleetlite.cli", "run", "--nproc_per_node", "2",
-                          "--log_dir", str(out / "log"), str(WORKER), str(out)],
-                         cwd=out, env=clean_environment(), capture_output=True, text=True, timeout=150)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return [json.loads((out / f"result.{rank}.json").read_text()) for rank in range(2)]
+    return run_through_fleetrun(WORKER, tmp_path_factory.mktemp("recompute"))
 
 
 @pytest.mark.parametrize("case", recompute_worker.CASES)
 def test_two_ranks_through_fleetrun_equal_one_process_without_recompute(ranks, case):
-    results = [result[case] for result in ranks]
-    mean_loss = np.mean([result["losses"] for result in results], axis=0)
-    np.testing.assert_allclose(mean_loss, results[0]["reference_losses"], rtol=0, atol=TOLERANCE)
-    for rank, result in enumerate(results):
-        assert result["param_diff"] <= TOLERANCE, f"rank {rank}: parameters {result['param_diff']} off"
-        assert result["moved"] > 0.01, "the parameters barely moved: the comparison would prove nothing"
-        assert "recompute" in result["applied"]
+    assert_ranks_equal_the_reference([result[case] for result in ranks], TOLERANCE, "recompute")
 
 
 def test_each_way_of_naming_checkpoints_gives_its_segments(ranks):

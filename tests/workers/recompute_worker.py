@@ -8,7 +8,6 @@ OUT/result.<rank>.json.
 Usage: recompute_worker.py OUT        (under fleetlite run / fleetrun, world size dividing 16)
 """
 import functools
-import json
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from paddle.distributed.fleet.utils import recompute
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
-from support import models  # noqa: E402
+from support.rank_results import write_rank_results  # noqa: E402
 
 BATCH, STEPS, SEED, BLOCKS, WIDTH = 16, 4, 9, 6, 32
 # name: recompute_configs given the block outputs (None: the blocks are marked by fleet.utils.recompute)
@@ -88,14 +87,5 @@ def compare(case, x, y):
             "applied": optimizer.compile_report.applied, "summary": record.summary, "details": record.details}
 
 
-def main():
-    out = Path(sys.argv[1])
-    paddle.enable_static()
-    fleet.init(is_collective=True)
-    x, y = models.digits(BATCH * STEPS)
-    results = {case: compare(case, x, y) for case in CASES}
-    (out / f"result.{fleet.worker_index()}.json").write_text(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main()
+    write_rank_results(compare, CASES, BATCH * STEPS)
