@@ -95,7 +95,8 @@ class Recompute(Pass):
         described = [d for d in (self._recompute(context, s, backward) for s in segments) if d["recomputed"]]
         context.runtime_flags[IN_ORDER] = True
         counts = [len(d["recomputed"]) for d in described]
-        return PassResult(f"{len(described)} segments, {sum(counts)} forward ops recomputed in backward "
+        how_many = f"{len(described)} segment" + ("s" if len(described) != 1 else "")
+        return PassResult(f"{how_many}, {sum(counts)} forward ops recomputed in backward "
                           f"({', '.join(map(str, counts))}); ops run in program order", {"segments": described})
 
     def _recompute(self, context, segment, backward):
