@@ -15,12 +15,15 @@ what it read).
 
 Checkpoints (recompute_configs.checkpoints) are given in one of two forms:
 - the PIR values themselves, set after building the forward: `{"checkpoints": [h1, h3]}`; the
-  strategy stores each as a token naming its op (checkpoint_names.value_token);
+  strategy stores each as a token naming its op (fleetlite.strategy.checkpoint_values), found
+  again here by fleetlite.compile.checkpoint_names;
 - by name: the output of the layer whose parameters are `<name>.*` (`"linear_3"`), which is what
   a YAML file can say; a name no layer has is an error naming it.
 Marks work too, the idiom of Fleet's dygraph scripts and of fleet.train_step: the ops built inside
 `paddle.distributed.fleet.utils.recompute(layer, x)` carry `fwd_recompute_id`, and each marked
-call is a segment (recomputed from its inputs).
+call is a segment (recomputed from its inputs). In a static program, build the layers outside
+the call: Paddle marks the ops by their positions in the block, which a parameter created inside
+the call shifts.
 
 The program must run in program order (FLAGS_new_executor_sequential_run, what Fleet's
 `enable_sequential_execution` became, which Fleet turns on with recompute): Paddle's default
@@ -29,7 +32,8 @@ the forward, and memory would not fall (measured). The pass sets the flag; a str
 sequential execution off is refused.
 
 Offload (enable_offload) moves checkpoints to host memory; on CPU they are there already, so it
-is refused rather than ignored.
+is refused rather than ignored (on GPUs it is not implemented: refused too). So are enable_tuning
+and refined_ops_patterns. Fleet's LocalSGD wraps only AMP: recompute with it is a conflict.
 """
 from fleetlite.compile import checkpoint_names, program_edit
 from fleetlite.compression.sparse_exchange import IN_ORDER
