@@ -24,6 +24,7 @@ from fleetlite.strategies.hierarchical_allreduce import HierarchicalAllReduce
 from fleetlite.strategies.lamb import Lamb
 from fleetlite.strategies.lars import Lars
 from fleetlite.strategies.pto import Pto
+from fleetlite.strategies.recompute import Recompute
 from fleetlite.strategies.scale_gradient import ScaleGradient
 from fleetlite.strategies.sync_batch_norm import SyncBatchNorm
 from fleetlite.strategies.sync_nccl_allreduce import SyncNcclAllReduce
@@ -41,6 +42,7 @@ REGISTRY = (
     AmpLossScaling,
     Fp16AllReduce,
     SyncBatchNorm,
+    Recompute,
     GradientMerge,
     GradientMergeUpdate,
     Lamb,

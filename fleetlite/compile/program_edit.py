@@ -86,6 +86,23 @@ def remove_ops(block, ops):
         op.get_parent_block().remove_op(op)
 
 
+def clone_ops(ops, role):
+    """Clone `ops` (in program order) at the insertion point with op role `role`; each clone reads
+    the clones of the ops before it in `ops` and the original of anything else. Returns the
+    IrMapping from each original result to its clone's (`mapping.look_up(result)`)."""
+    produced = {key(result) for op in ops for result in op.results()}
+    mapping, outside = paddle.pir.IrMapping(), set()
+    for op in ops:
+        for source in op.operands_source():
+            if key(source) not in produced and key(source) not in outside:
+                outside.add(key(source))
+                mapping.add(source, source)
+    for op in ops:
+        clone = op.clone(mapping, paddle.pir.CloneOptions(False, True, True))
+        clone.set_int_attr("op_role", role)
+    return mapping
+
+
 def nbytes(value):
     return math.prod(value.shape) * value.element_size()
 

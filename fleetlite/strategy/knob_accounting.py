@@ -36,8 +36,6 @@ NOT_IMPLEMENTED = "fleetlite does not implement it"
 # What to do instead, for the knobs a Fleet strategy file is likeliest to carry; any other
 # unimplemented knob gets DEFAULT_FIX.
 FIXES = {
-    "recompute": "remove recompute and recompute_configs (not implemented yet), or fit the model with a smaller "
-                 "batch per rank and more ranks",
     "localsgd": "remove localsgd and localsgd_configs (not implemented yet): gradients are all-reduced every step",
     "adaptive_localsgd": "remove adaptive_localsgd and adaptive_localsgd_configs (not implemented yet): gradients "
                          "are all-reduced every step",

@@ -12,6 +12,7 @@ from collections.abc import Mapping, MutableMapping
 from google.protobuf.descriptor import FieldDescriptor as FD
 
 from fleetlite.errors import FieldRangeError, FieldTypeError, UnknownFieldError
+from fleetlite.strategy import checkpoint_values
 from fleetlite.strategy.field_rules import RULES, OneOf
 
 _INT_TYPES = {FD.TYPE_INT32, FD.TYPE_INT64, FD.TYPE_UINT32, FD.TYPE_UINT64,
@@ -22,6 +23,8 @@ _INT_BOUNDS = {FD.TYPE_INT32: ("int32", -2**31, 2**31 - 1), FD.TYPE_SINT32: ("in
                FD.TYPE_INT64: ("int64", -2**63, 2**63 - 1), FD.TYPE_SINT64: ("int64", -2**63, 2**63 - 1),
                FD.TYPE_UINT32: ("uint32", 0, 2**32 - 1), FD.TYPE_UINT64: ("uint64", 0, 2**64 - 1)}
 FLOAT32_MAX = 3.4028234663852886e38
+# Fields that accept a Python object the schema stores as a string: {dotted field: converter}.
+STORED_AS = {"recompute_configs.checkpoints": checkpoint_values.stored}
 
 
 def _is_repeated(field):
@@ -74,6 +77,7 @@ def _type_name(field):
 
 def _scalar(field, value, path):
     """Check one scalar against the field's type and rule; return what to store."""
+    value = STORED_AS.get(path, lambda item: item)(value)
     ok = {
         FD.TYPE_BOOL: isinstance(value, bool),
         FD.TYPE_STRING: isinstance(value, str),

@@ -8,9 +8,6 @@ ranks' losses must equal it to 1e-5. fleet.train_step's parity is in
 tests/runtime/test_dygraph_train_step.py (cases "lars" and "lamb"). Structure and refusals run in
 this process (one rank).
 """
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +17,7 @@ import pytest
 from fleetlite import CompileError, DistributedStrategy, StrategyConflictError, Topology
 from support import in_process
 from support.meta_optimizers import fleet_optimizer
-from support.multiprocess import clean_environment
+from support.rank_results import assert_ranks_equal_the_reference, run_through_fleetrun
 from workers import meta_optimizer_worker
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "meta_optimizer_worker.py"
@@ -30,23 +27,12 @@ CPU_2 = Topology.grid(2)
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("meta_optimizers")
-    run = subprocess.run([sys.executable, "-m", "fleetlite.cli", "run", "--nproc_per_node", "2",
-                          "--log_dir", str(out / "log"), str(WORKER), str(out)],
-                         cwd=out, env=clean_environment(), capture_output=True, text=True, timeout=150)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return [json.loads((out / f"result.{rank}.json").read_text()) for rank in range(2)]
+    return run_through_fleetrun(WORKER, tmp_path_factory.mktemp("meta_optimizers"))
 
 
 @pytest.mark.parametrize("case", meta_optimizer_worker.CASES)
 def test_two_ranks_through_fleetrun_equal_fleets_optimizer_on_the_full_batch(ranks, case):
-    results = [result[case] for result in ranks]
-    mean_loss = np.mean([result["losses"] for result in results], axis=0)
-    np.testing.assert_allclose(mean_loss, results[0]["reference_losses"], rtol=0, atol=TOLERANCE)
-    for rank, result in enumerate(results):
-        assert result["param_diff"] <= TOLERANCE, f"rank {rank}: parameters {result['param_diff']} off"
-        assert result["moved"] > 0.01, "the parameters barely moved: the comparison would prove nothing"
-        assert case in result["applied"]
+    assert_ranks_equal_the_reference([result[case] for result in ranks], TOLERANCE, case)
 
 
 def test_each_update_is_rewritten_with_the_exclusion_rule_of_its_optimizer(ranks):

@@ -117,6 +117,22 @@ def test_a_batch_of_another_size_runs_and_another_feature_shape_is_refused(one_r
         step(x[:, :32], y)
 
 
+def test_recompute_through_train_step_recomputes_the_marked_segment_and_trains_exactly_as_without(one_rank):
+    _, x, y = one_rank
+    trained = []
+    for on in (False, True):
+        paddle.seed(1)
+        model = dygraph_worker.RecomputedMlp()
+        strategy = fleet.DistributedStrategy()
+        strategy.recompute = on
+        optimizer = fleet.distributed_optimizer(paddle.optimizer.SGD(0.1, parameters=model.parameters()), strategy)
+        step = fleet.train_step(model, dygraph_worker.loss_fn, optimizer)
+        trained.append([float(step(x, y)) for _ in range(3)])
+    record = optimizer.compile_report.record("recompute")
+    assert record.details["segments"][0]["recomputed"] == ["pd_op.matmul", "pd_op.add", "pd_op.relu"]
+    assert trained[0] == trained[1]
+
+
 def test_parameter_groups_are_refused(one_rank):
     model, x, y = one_rank
     groups = [{"params": model.hidden.parameters(), "learning_rate": 0.1}, {"params": model.out.parameters()}]

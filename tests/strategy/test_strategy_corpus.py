@@ -115,12 +115,11 @@ def test_skipped_knobs_are_listed_not_passed_silently(tmp_path, capsys):
 
 def test_a_knob_fleetlite_does_not_implement_is_an_error_not_a_skip(tmp_path, capsys):
     path = tmp_path / "fleet.yaml"
-    path.write_text("amp: true\nrecompute_configs:\n  checkpoints: [fc_0.tmp_0]\n")
+    path.write_text("amp: true\npipeline_configs:\n  micro_batch_size: 2\n")
     assert cli.main(["strategy", "validate", str(path)]) == 2
     assert capsys.readouterr().err == (
-        f"fleetlite: error: {path}:3: recompute: fleetlite does not implement it (set: recompute_configs.checkpoints); "
-        "remove recompute and recompute_configs (not implemented yet), or fit the model with a smaller batch per rank "
-        "and more ranks\n")
+        f"fleetlite: error: {path}:3: pipeline: fleetlite does not implement it (set: "
+        "pipeline_configs.micro_batch_size); pipeline parallelism is not data parallel: remove pipeline_configs\n")
 
 
 def test_validate_and_explain_refuse_an_unimplemented_knob_alike_and_list_the_same_skips(tmp_path, capsys):

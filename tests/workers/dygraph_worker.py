@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import paddle
+from paddle.distributed.fleet.utils import recompute
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
@@ -46,6 +47,17 @@ def adamw_clip_schedule(params):
                                   grad_clip=paddle.nn.ClipGradByGlobalNorm(0.5)), schedule
 
 
+class RecomputedMlp(models.Mlp):
+    """The Mlp with its hidden layer and activation under fleet.utils.recompute, Fleet's dygraph
+    idiom: train_step recomputes them in backward when the strategy turns recompute on."""
+
+    def forward(self, x):
+        return self.out(recompute(self.activations, x, use_reentrant=False))
+
+    def activations(self, x):
+        return paddle.nn.functional.relu(self.hidden(x))
+
+
 CASES = {   # name: (model, optimizer, strategy fields, gradient-merge steps of the reference)
     "sgd": (models.Mlp, sgd, {}, 1),
     "momentum": (models.Mlp, momentum, {}, 1),
@@ -63,6 +75,8 @@ CASES = {   # name: (model, optimizer, strategy fields, gradient-merge steps of 
         "lars_coeff": 0.05, "lars_weight_decay": 0.001, "exclude_from_weight_decay": ["b_0"]}}, 1),
     "lamb": (models.Mlp, adam, {"lamb": True, "lamb_configs": {
         "lamb_weight_decay": 0.02, "exclude_from_weight_decay": ["b_0"]}}, 1),
+    # the model marks its segment with fleet.utils.recompute; the reference runs it eagerly
+    "recompute": (RecomputedMlp, momentum, {"recompute": True}, 1),
 }
 UNWRAPPED = ("momentum", "adamw_clip_schedule")   # not through distributed_model: train_step's broadcast alone
 

@@ -7,7 +7,6 @@ OUT/result.<rank>.json.
 
 Usage: meta_optimizer_worker.py OUT        (under fleetlite run / fleetrun, world size dividing 16)
 """
-import json
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import paddle
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
 from support import models  # noqa: E402
+from support.rank_results import write_rank_results  # noqa: E402
 from support.meta_optimizers import fleet_optimizer  # noqa: E402
 from workers.knob_pairs_worker import make_strategy  # noqa: E402
 
@@ -86,14 +86,5 @@ def compare(name, x, y):
                                                                                               "lamb_"))]}
 
 
-def main():
-    out = Path(sys.argv[1])
-    paddle.enable_static()
-    fleet.init(is_collective=True)
-    x, y = models.digits(BATCH * STEPS)
-    results = {name: compare(name, x, y) for name in CASES}
-    (out / f"result.{fleet.worker_index()}.json").write_text(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main()
+    write_rank_results(compare, CASES, BATCH * STEPS)
