@@ -23,6 +23,8 @@ from fleetlite.strategies.gradient_merge import GradientMerge, GradientMergeUpda
 from fleetlite.strategies.hierarchical_allreduce import HierarchicalAllReduce
 from fleetlite.strategies.lamb import Lamb
 from fleetlite.strategies.lars import Lars
+from fleetlite.strategies.localsgd import LocalSgd
+from fleetlite.strategies.adaptive_localsgd import AdaptiveLocalSgd
 from fleetlite.strategies.pto import Pto
 from fleetlite.strategies.scale_gradient import ScaleGradient
 from fleetlite.strategies.sync_batch_norm import SyncBatchNorm
@@ -46,6 +48,8 @@ REGISTRY = (
     Lamb,
     Pto,
     Lars,
+    LocalSgd,
+    AdaptiveLocalSgd,
     FuseAllOptimizerOps,
     OpFusion,
     ScaleGradient,
