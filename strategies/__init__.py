@@ -23,6 +23,8 @@ from fleetlite.strategies.gradient_merge import GradientMerge, GradientMergeUpda
 from fleetlite.strategies.hierarchical_allreduce import HierarchicalAllReduce
 from fleetlite.strategies.lamb import Lamb
 from fleetlite.strategies.lars import Lars
+from fleetlite.strategies.localsgd import LocalSgd
+from fleetlite.strategies.adaptive_localsgd import AdaptiveLocalSgd
 from fleetlite.strategies.pto import Pto
 from fleetlite.strategies.recompute import Recompute
 from fleetlite.strategies.scale_gradient import ScaleGradient
@@ -48,6 +50,8 @@ REGISTRY = (
     Lamb,
     Pto,
     Lars,
+    LocalSgd,
+    AdaptiveLocalSgd,
     FuseAllOptimizerOps,
     OpFusion,
     ScaleGradient,

@@ -1,6 +1,8 @@
 """data_parallel: sum every gradient over all ranks and scale it by 1/N before the optimizer.
 
-Always on (it is what makes the program data parallel). Each gradient becomes its own
+Always on (it is what makes the program data parallel), except under local SGD (localsgd,
+adaptive_localsgd), which averages parameters instead: then it is skipped, and with it every
+pass that shapes the gradient all-reduce. Each gradient becomes its own
 bucket — `all_reduce` on ring 0, then `scale_` by 1/world (gloo has no AVG reduce, and the
 scale keeps the update equal to one process on the full batch). Layout passes regroup and
 reroute these buckets; this pass only decides that every trainable gradient crosses ranks
@@ -20,6 +22,8 @@ class DataParallel(Pass):
     def applicable(self, topology, program):
         if topology.world_size == 1:
             return "one rank: there is nothing to reduce"
+        if self.strategy.localsgd or self.strategy.adaptive_localsgd:
+            return "local SGD keeps the gradients on their rank and averages the parameters instead"
         return None
 
     def apply(self, context):

@@ -1,4 +1,4 @@
-"""The gradient exchanges the top-k benchmarks compare, and the bytes each should put on the wire.
+"""The gradient exchanges the top-k benchmarks compare (and local SGD, which exchanges parameters instead), and the bytes each should put on the wire.
 
 An exchange is one entry of EXCHANGES: a name, the strategy fields that select it (on top of
 the CPU preset, configs/cpu_gloo.yaml) and the formula of the bytes a rank sends per step. A new
@@ -12,7 +12,9 @@ calls gloo::allreduce without choosing an algorithm, which is the ring):
   W segments in each phase: 2 (W-1)/W * N per rank (N at W = 2);
 - all-gather of b bytes per rank: a ring, each rank forwarding W-1 blocks: (W-1) * b per rank;
   one-level top-k all-gathers k values and k int32 indices per gradient: (W-1) * k * (4 + 4),
-  and so does dgc once its schedule reached its last sparsity.
+  and so does dgc once its schedule reached its last sparsity;
+- local SGD sends no gradients: one all-reduce of the parameters every k_steps steps,
+  2 (W-1)/W * (parameter bytes) / k_steps per rank and step.
 The wire adds TCP/IP framing (a 66-byte header per segment of up to 64 KiB on loopback, and
 acknowledgements) and gloo's message headers: small for large messages, not for a few hundred
 bytes.
@@ -47,6 +49,13 @@ def dense_and_one_level_topk_bytes(report, world):
     for sparse in {"topk", "dgc"} & set(report.applied):
         sent += allgather_ring_bytes(report.record(sparse).details["sparse_bytes_per_step"], world)
     return sent
+
+
+def local_sgd_bytes(report, world):
+    """Bytes one rank sends per step under localsgd past begin_step: no gradient all-reduce, the
+    parameters' all-reduce once every k_steps steps."""
+    details = report.record("localsgd").details
+    return allreduce_ring_bytes(details["bytes_per_sync"], world) / details["k_steps"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,13 @@ def dgc(sparsity):
         "rampup_begin_step": 0, "sparsity": [sparsity]}}, family="dgc", density=round(1 - sparsity, 6))
 
 
+def localsgd(k_steps):
+    """Local SGD averaging the parameters every k_steps steps (strategies/localsgd.py); measured over
+    rounds of a multiple of k_steps steps, each round holds the same number of syncs."""
+    return Exchange(f"localsgd_{k_steps}", {"localsgd": True, "localsgd_configs": {"k_steps": k_steps}},
+                    formula=local_sgd_bytes)
+
+
 DENSE = Exchange("dense")
 EXCHANGES = {exchange.name: exchange for exchange in [
     DENSE,
@@ -95,6 +111,7 @@ EXCHANGES = {exchange.name: exchange for exchange in [
     topk(0.01, error_feedback=False), topk(0.001, error_feedback=False),
     hierarchical_topk(0.01),
     dgc(0.99), dgc(0.999),
+    localsgd(2), localsgd(4),
 ]}
 
 

@@ -1,6 +1,6 @@
-"""Benchmark: bytes on the wire per training step, dense all-reduce vs top-k, counted and predicted.
+"""Benchmark: bytes on the wire per training step, dense all-reduce vs top-k and local SGD, counted and predicted.
 
-    .venv/bin/python -m benchmarks.topk.topk_wire_bytes [--quick] [--exchanges dense topk_0.01 ...] [--json out.json]
+    .venv/bin/python -m benchmarks.topk.topk_wire_bytes [--quick] [--exchanges dense topk_0.01 localsgd_4 ...] [--json out.json]
 
 Needs root and iproute2: each exchange (an entry of topk_contenders.EXCHANGES) trains an MLP
 (--layers, default 1024-2048-1024-10: 4.2 M parameters) on 2 ranks inside its own network
@@ -35,11 +35,11 @@ def main():
     parser.add_argument("--exchanges", nargs="+", default=DEFAULT)
     parser.add_argument("--layers", default="1024,2048,1024,10", help="the MLP's widths, comma-separated")
     parser.add_argument("--batch", type=int, default=32, help="rows per rank")
-    parser.add_argument("--steps", type=int, default=4, help="training steps per round")
-    parser.add_argument("--quick", action="store_true", help=f"a {QUICK_LAYERS} MLP, 2 rounds (< 1 minute)")
+    parser.add_argument("--steps", type=int, default=4, help="training steps per round (a multiple of local SGD's k)")
+    parser.add_argument("--quick", action="store_true", help=f"a {QUICK_LAYERS} MLP, 2 rounds of 4 steps (< 1 minute)")
     args = parser.parse_args()
     if args.quick:
-        args.layers, args.rounds, args.warmup, args.steps = QUICK_LAYERS, 2, 1, 3
+        args.layers, args.rounds, args.warmup, args.steps = QUICK_LAYERS, 2, 1, 4
     reason = network_namespace.unavailable()
     if reason:
         return publish_skipped(reason, args.json)

@@ -54,7 +54,7 @@ def compile(program, params_grads, strategy, topology, registry=None, loss=None,
     strategy.validate(topology)
     passes, enabled, unclaimed = check_knobs(strategy, registry)
     context = CompileContext(program, strategy, topology, [])
-    context.loss = loss
+    context.loss = context.user_loss = loss
     context.optimizer = optimizer
     ordered = order_passes(enabled)
     forward = [p for p in ordered if p.phase == Phase.FORWARD_REWRITE]

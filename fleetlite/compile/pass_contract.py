@@ -73,6 +73,7 @@ class CompileContext:
         self.topology = topology
         self.gradients = gradients          # [GradientSync] in ready order (backward's)
         self.loss = None                    # what backward differentiates (FORWARD_REWRITE may replace it)
+        self.user_loss = None               # the loss as the model computes it (AMP's scaled loss replaces `loss`)
         self.optimizer = None               # the inner optimizer, when compile builds its update (minimize)
         self.buckets = []                   # [gradient_buckets.Bucket] in issue order
         self.exchanged = set()              # indices of gradients a sparse exchange (topk) sends instead
@@ -186,12 +187,15 @@ def inner_optimizer(optimizer, knob, optimizer_class, build, refused, other=""):
     """The optimizer whose update the pass `knob` rewrites, refused by name when it is missing (no
     optimizer at minimize), of another class, or built with a setting the pass does not build:
     `refused(optimizer)` is {what: present}. `build` is how to construct the right one; `other`
-    names a sibling knob for the other optimizer."""
-    kind = optimizer_class.__name__
+    names a sibling knob for the other optimizer. `optimizer_class` may be a tuple of the classes
+    the pass accepts."""
+    classes = optimizer_class if isinstance(optimizer_class, tuple) else (optimizer_class,)
+    kind = " or ".join(c.__name__ for c in classes)
     if optimizer is None:
         raise CompileError(f"{knob} rewrites the optimizer's {kind} update, so it compiles with the optimizer: use "
-                           f"fleet.distributed_optimizer(paddle.optimizer.{kind}(...), strategy).minimize(loss)")
-    if not isinstance(optimizer, optimizer_class):
+                           f"fleet.distributed_optimizer(paddle.optimizer.{classes[0].__name__}(...), "
+                           f"strategy).minimize(loss)")
+    if not isinstance(optimizer, classes):
         raise StrategyConflictError(f"{knob} works with the {kind} optimizer only, and this one is "
                                     f"{type(optimizer).__name__}", field=knob, value=True,
                                     fix=f"train with {build}, or turn {knob} off{other}")

@@ -7,7 +7,7 @@ and ranges name the allowed values), sections are live views, and loads replace 
 """
 import functools
 
-from fleetlite.strategy import files as strategy_files, hybrid_degrees, knob_accounting, pass_registry, schema
+from fleetlite.strategy import files as strategy_files, hybrid_degrees, pass_registry, schema
 from fleetlite.data import settings as data_settings
 from fleetlite.errors import StrategyConflictError
 from fleetlite.proto import strategy_pb2
@@ -117,7 +117,6 @@ class DistributedStrategy:
             if getattr(self._proto, field):
                 raise StrategyConflictError(f"'{field}' is set but {reason}", field=field,
                                             value=True, fix=f"set {field}: false")
-        knob_accounting.check_conflicting_knobs(self)
         hybrid_degrees.check(self._proto.hybrid_configs, topology)
         data_settings.check(self._proto.data_configs, topology)
         pass_registry.check_strategy(self, topology)

@@ -5,9 +5,7 @@ not implement them all. A knob set to a non-default value that no registered pas
 vanishes: where it legitimately needs no work here (NO_WORK) the compile report lists it as
 skipped with the reason (`strict: true` makes that an error); any other is an error at
 validate() naming it and what to do (`refuse_unimplemented`), so a job never trains without
-something its strategy asked for. A knob that would be skipped still cannot be combined with one
-it contradicts: that pair is an error at validate(), so a file never reads as "ok" while asking
-for two things that cannot both hold.
+something its strategy asked for.
 """
 from fleetlite.errors import CompileError, StrategyConflictError
 
@@ -36,9 +34,6 @@ NOT_IMPLEMENTED = "fleetlite does not implement it"
 # What to do instead, for the knobs a Fleet strategy file is likeliest to carry; any other
 # unimplemented knob gets DEFAULT_FIX.
 FIXES = {
-    "localsgd": "remove localsgd and localsgd_configs (not implemented yet): gradients are all-reduced every step",
-    "adaptive_localsgd": "remove adaptive_localsgd and adaptive_localsgd_configs (not implemented yet): gradients "
-                         "are all-reduced every step",
     "a_sync": "parameter-server training is not supported (fleetlite is collective only): remove a_sync and "
               "a_sync_configs",
     "pipeline": "pipeline parallelism is not data parallel: remove pipeline_configs",
@@ -48,21 +43,6 @@ FIXES = {
                 "leave the other sharding_configs fields at their defaults, or use pto",
 }
 DEFAULT_FIX = "remove it (leave it at its default)"
-
-# Pairs of knobs that contradict each other, where at least one has no fleetlite pass (pairs of
-# implemented passes declare theirs in `Pass.conflicts`).
-CONFLICTING_KNOBS = {
-    ("localsgd", "adaptive_localsgd"): "both set the local SGD period (a fixed or an adaptive k)",
-}
-
-
-def check_conflicting_knobs(strategy):
-    """Raise StrategyConflictError for the first pair of CONFLICTING_KNOBS that are both on."""
-    for (first, second), reason in CONFLICTING_KNOBS.items():
-        if getattr(strategy, first) and getattr(strategy, second):
-            raise StrategyConflictError(f"'{first}' and '{second}' cannot be used together: {reason}",
-                                        field=second, value=True, fix=f"turn '{first}' or '{second}' off")
-
 
 def _unclaimed_groups(strategy, claimed):
     """{knob: [set fields]} for set fields outside `claimed` (dotted field names read by passes),

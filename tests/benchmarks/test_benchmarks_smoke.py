@@ -84,15 +84,16 @@ def test_pto_driver_runs_its_contenders_and_reports_update_times_and_state_bytes
 
 def test_topk_wire_bytes_driver_counts_what_the_formula_predicts_or_says_why_it_cannot(tmp_path):
     result, report = run_driver(tmp_path, "benchmarks.topk.topk_wire_bytes", "--exchanges", "dense", "topk_0.01",
-                                "--layers", "64,512,10", "--rounds", "1", "--warmup", "1", "--steps", "2")
+                                "localsgd_2", "--layers", "64,512,10", "--rounds", "1", "--warmup", "1", "--steps", "2")
     if "skipped" in report:     # not root, or no iproute2: the reason is printed, nothing measured
         assert result.stdout.startswith("skipped: ") and report["skipped"]
         return
-    dense, sparse = report["rows"]
+    dense, sparse, local = report["rows"]
     assert 1.0 <= dense["measured_over_predicted"] < 1.05      # gloo's ring all-reduce plus TCP framing
     assert sparse["bytes_per_step"] < dense["bytes_per_step"] / 5
     # 2 ranks: ceil(0.01 n) (value, index) pairs of 32768 and 5120 weights; 522 bias elements dense
     assert sparse["predicted"] == 2 * ((328 + 52) * 8 + (512 + 10) * 4)
+    assert local["predicted"] == dense["predicted"] / 2 and 1.0 <= local["measured_over_predicted"] < 1.05
 
 
 def test_dygraph_step_driver_reports_both_ratios_and_the_first_call_time(tmp_path):

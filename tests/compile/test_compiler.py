@@ -118,9 +118,9 @@ def test_requested_knobs_no_pass_reads_are_reported_or_rejected_under_strict():
     assert "data_configs" not in {r.name for r in report.records}
     with pytest.raises(CompileError, match="strict: find_unused_parameters was requested but not needed"):
         compile_with(REGISTRY, find_unused_parameters=True, strict=True)
-    with pytest.raises(StrategyConflictError, match=r"^localsgd: fleetlite does not implement it \(set: localsgd, "
-                                                   r"localsgd_configs.k_steps\); remove localsgd"):
-        compile_with(REGISTRY, localsgd=True, localsgd_configs={"k_steps": 4})
+    with pytest.raises(StrategyConflictError, match=r"^pipeline: fleetlite does not implement it \(set: "
+                                                   r"pipeline_configs.micro_batch_size\); pipeline parallelism"):
+        compile_with(REGISTRY, pipeline_configs={"micro_batch_size": 2})
 
 
 def test_topology_rules_are_checked_with_the_arithmetic():

@@ -7,8 +7,8 @@ check all three on the trained program).
 KNOBS holds one setting per knob of the compiler issue (fusion sizes, rings, hierarchical
 all-reduce, sync_nccl_allreduce, the gradient scale) and of the knobs issue (gradient merge,
 optimizer fusion, op fusion, executor flags, steps per run, cuDNN, AMP, fp16 all-reduce, sync
-batch norm), top-k at density 1 (its exchange, numerically dense), pto, dgc, lars, lamb and
-recompute;
+batch norm), top-k at density 1 (its exchange, numerically dense), pto, dgc, lars, lamb,
+recompute, and localsgd and adaptive_localsgd syncing after every update (see KNOBS);
 `test_every_registered_pass_is_turned_on_by_some_knob` fails when a pass is registered without a
 setting here. All pairs run in three jobs, each building every pair's
 program in-process (workers/knob_pairs_worker.py): one 2-process job and its 1-process
@@ -60,6 +60,12 @@ KNOBS = {
     "lamb": {"lamb": True, "lamb_configs": {"exclude_from_weight_decay": ["b_0"]}},
     # a layer name, as a YAML file gives it: the conv net's batch norm output (each shard's call)
     "recompute": {"recompute": True, "recompute_configs": {"checkpoints": ["batch_norm2d_0"]}},
+    # Local SGD that averages after every update: with SGD or Momentum (linear in the gradient) that
+    # is the full-batch update, so the oracle holds; the local steps between syncs are covered by
+    # tests/passes/test_localsgd.py against the N-copy simulation. adaptive_localsgd syncs on every
+    # step <= begin_step, so over the 4 micro-steps k (which follows the loss) never decides.
+    "localsgd": {"localsgd": True, "localsgd_configs": {"k_steps": 1}},
+    "adaptive_localsgd": {"adaptive_localsgd": True, "adaptive_localsgd_configs": {"begin_step": 4}},
 }
 NEEDS_TWO_NODES = {"hierarchical"}
 TOLERANCE = 1e-5
@@ -137,7 +143,7 @@ def test_the_knobs_really_ran_in_the_pairs(trained, world):
     expected = {"gradient_merge", "gradient_merge_update", "build_strategy.fuse_all_optimizer_ops",
                 "gradient_scale_configs.scale_gradient", "execution_strategy.num_iteration_per_run",
                 "execution_strategy.num_threads", "fuse_all_reduce_ops", "nccl_comm_num", "amp", "fp16_allreduce",
-                "sync_batch_norm", "topk", "lars", "lamb", "recompute"}
+                "sync_batch_norm", "topk", "lars", "lamb", "localsgd", "adaptive_localsgd", "recompute"}
     if world == 4:
         expected = {"use_hierarchical_allreduce", "gloo_lowering"}
     assert expected <= applied

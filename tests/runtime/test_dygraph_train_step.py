@@ -42,7 +42,7 @@ def jobs(tmp_path_factory):
         out = tmp_path_factory.mktemp(f"dygraph{world}")
         run = subprocess.run([sys.executable, "-m", "fleetlite.cli", "run", "--nproc_per_node", str(world),
                               "--log_dir", str(out / "log"), str(WORKER), str(out)],
-                             cwd=out, env=clean_environment(), capture_output=True, text=True, timeout=150)
+                             cwd=out, env=clean_environment(), capture_output=True, text=True, timeout=200)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         results[world] = [json.loads((out / f"result.{rank}.json").read_text()) for rank in range(world)]
     return results

@@ -124,13 +124,13 @@ def test_a_knob_fleetlite_does_not_implement_is_an_error_not_a_skip(tmp_path, ca
 
 def test_validate_and_explain_refuse_an_unimplemented_knob_alike_and_list_the_same_skips(tmp_path, capsys):
     refused, skipping = tmp_path / "refused.yaml", tmp_path / "skipping.yaml"
-    refused.write_text("localsgd: true\n")
+    refused.write_text("qat_configs: {weight_bits: 4}\n")
     skipping.write_text("lars: true\nfind_unused_parameters: true\n")
     assert cli.main(["strategy", "validate", str(refused)]) == 2
     by_validate = capsys.readouterr().err
     assert cli.main(["explain", "--strategy", str(refused)]) == 2
     assert by_validate == capsys.readouterr().err.replace("fleetlite: error: ", f"fleetlite: error: {refused}:1: ")
-    assert "localsgd: fleetlite does not implement it (set: localsgd); remove localsgd" in by_validate
+    assert "qat: fleetlite does not implement it (set: qat_configs.weight_bits); quantisation-aware training" in by_validate
     assert cli.main(["strategy", "validate", str(skipping)]) == 0
     listed = capsys.readouterr().out.splitlines()[1:]
     assert cli.main(["explain", "--strategy", str(skipping), "--world", "2"]) == 0

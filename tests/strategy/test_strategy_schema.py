@@ -347,8 +347,6 @@ def test_strict_refuses_a_knob_no_pass_reads_at_validate():
 
 
 @pytest.mark.parametrize("fields, fix", [
-    ({"localsgd_configs": {"k_steps": 2}}, "remove localsgd and localsgd_configs"),
-    ({"adaptive_localsgd": True}, "remove adaptive_localsgd and adaptive_localsgd_configs"),
     ({"a_sync": False}, "parameter-server training is not supported"),
     ({"a_sync_configs": {"k_steps": 0}}, "parameter-server training is not supported"),
     ({"pipeline_configs": {"micro_batch_size": 2}}, "remove pipeline_configs"),

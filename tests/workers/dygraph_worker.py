@@ -77,6 +77,11 @@ CASES = {   # name: (model, optimizer, strategy fields, gradient-merge steps of 
         "lamb_weight_decay": 0.02, "exclude_from_weight_decay": ["b_0"]}}, 1),
     # the model marks its segment with fleet.utils.recompute; the reference runs it eagerly
     "recompute": (RecomputedMlp, momentum, {"recompute": True}, 1),
+    # local SGD averaging after every update (k_steps 1; every step <= begin_step): for Momentum the
+    # full-batch update; its local steps are in COMPRESSED
+    "localsgd_every_step": (models.Mlp, momentum, {"localsgd": True, "localsgd_configs": {"k_steps": 1}}, 1),
+    "adaptive_localsgd_every_step": (models.Mlp, momentum, {"adaptive_localsgd": True, "adaptive_localsgd_configs": {
+        "begin_step": STEPS}}, 1),
 }
 UNWRAPPED = ("momentum", "adamw_clip_schedule")   # not through distributed_model: train_step's broadcast alone
 
@@ -89,9 +94,10 @@ class WideMlp(models.Mlp):
         self.hidden, self.out = paddle.nn.Linear(64, 300), paddle.nn.Linear(300, 10)
 
 
-COMPRESSED = {   # lossy by design: they must train and the ranks must agree
+COMPRESSED = {   # lossy by design: they must train and the ranks must agree (local SGD: its last step syncs)
     "topk": (models.Mlp, {"topk": True, "topk_configs": {"density": 0.05, "min_numel": 1000}}),
     "dgc": (WideMlp, {"dgc": True, "dgc_configs": {"sparsity": [0.9]}}),
+    "localsgd": (models.Mlp, {"localsgd": True, "localsgd_configs": {"k_steps": 3, "begin_step": 2}}),   # 1, 2, 5, 8
 }
 
 

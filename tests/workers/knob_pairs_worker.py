@@ -35,12 +35,14 @@ def make_strategy(fields):
 
 def make_optimizer(strategy):
     """Adam where the case fuses optimizer ops (only Adam has a multi-tensor kernel) or turns lamb on
-    (it rewrites an Adam update), else Momentum (lars rewrites a Momentum update).
+    (it rewrites an Adam update), else Momentum (lars rewrites a Momentum update; local SGD runs
+    SGD or Momentum only).
 
     Adam's epsilon is large so that near-zero gradients (noise-level differences between
     summation orders) cannot flip the sign of an update.
     """
-    if strategy.lamb or (strategy.build_strategy.fuse_all_optimizer_ops and not strategy.lars):
+    momentum_only = strategy.lars or strategy.localsgd or strategy.adaptive_localsgd
+    if strategy.lamb or (strategy.build_strategy.fuse_all_optimizer_ops and not momentum_only):
         return paddle.optimizer.Adam(0.001, epsilon=1e-3)
     return paddle.optimizer.Momentum(0.05, momentum=0.9)
 
