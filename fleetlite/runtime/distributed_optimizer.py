@@ -10,7 +10,7 @@ import os
 import paddle
 
 from fleetlite.errors import FleetliteError, ScriptDone
-from fleetlite.runtime import eager_data_parallel, process_group, steps_per_run, training_program
+from fleetlite.runtime import eager_data_parallel, process_group, steps_per_run, training_program, training_steps
 from fleetlite.runtime.optimizer_state import CompiledOptimizerState
 from fleetlite.topology.env_contract import EXPLAIN_ONLY
 
@@ -54,6 +54,7 @@ class DistributedOptimizer:
         if built.report.runtime_flags:
             paddle.set_flags(built.report.runtime_flags)
         self._program = loss.block.program
+        training_steps.mark_compiled(self._program)
         if self.after_minimize is not None:
             self.after_minimize(self._program, built.params_grads, self.user_defined_strategy, self.topology)
         if self.topology.rank == 0:
