@@ -18,6 +18,7 @@ from fleetlite.launcher.preflight import GLOO_INTERFACE_ENV
 from fleetlite.launcher.spec import follower_argv
 from fleetlite.launcher.step_records import read_steps
 from fleetlite.launcher.step_summary import SUMMARY_FILE, format_summary, summarize, write_summary
+from fleetlite.launcher.timeline import chrome_trace, write_timeline
 from fleetlite.launcher.supervisor import GRACE_S, stop_processes, watch
 from fleetlite.launcher.transport import worker_command
 from fleetlite.topology.env_contract import NODE_SECRET
@@ -115,13 +116,19 @@ class Job:
         return exit_code(diagnosis, self.stop.signum), restart
 
     def _report_steps(self, slots):
-        """The step summary of this host's ranks (printed, and as JSON in the log folder)."""
-        summary = summarize([read_steps(slot.steps_file) for slot in slots])
-        if summary is None:
-            return
-        path = os.path.join(self.spec.log_dir, SUMMARY_FILE)
-        write_summary(path, summary)
-        self._say(*format_summary(summary, path))
+        """The step summary of this host's ranks (printed, and as JSON in the log folder), and
+        their timeline when --timeline asked for one."""
+        records = [read_steps(slot.steps_file) for slot in slots]
+        summary = summarize(records)
+        if summary is not None:
+            path = os.path.join(self.spec.log_dir, SUMMARY_FILE)
+            write_summary(path, summary)
+            self._say(*format_summary(summary, path))
+        trace = chrome_trace(records, {slot.rank: slot.host for slot in slots}) if self.spec.timeline else None
+        if trace is not None:
+            write_timeline(self.spec.timeline, trace)
+            self._say(f"fleetrun: timeline of this host's ranks in {self.spec.timeline} (open it in "
+                      f"https://ui.perfetto.dev or chrome://tracing)")
 
     def run(self):
         remotes = self._start_other_hosts()

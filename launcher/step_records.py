@@ -46,14 +46,23 @@ class StepRecorder:
             self.record.start_s.append(self._wall())
         self._began = now
 
-    def end(self):
+    def end(self, compiled_events=None):
+        """`compiled_events`: the timestamp pairs compiled into the step's program
+        (fleetlite.compile.step_events), read into timeline events when a timeline is asked for."""
         self._ended = self._clock()
         self.record.step_s.append(self._ended - self._began)
+        if self.timeline and compiled_events:
+            self._add_events(compiled_events)
 
-    def add_events(self, events):
-        """Events of the step that just ended: (name, wall-clock start, seconds, args)."""
-        step = len(self.record.step_s) - 1
-        self.record.events.extend([step, *event] for event in events)
+    def _add_events(self, compiled_events):
+        from fleetlite.compile import step_stamps     # Paddle is imported: the step just ran
+        stamps = step_stamps.read(max(event["end"] for event in compiled_events) + 1)
+        step, started = len(self.record.step_s) - 1, self.record.start_s[-1]
+        for event in compiled_events:
+            begin, end = stamps[event["begin"]], stamps[event["end"]]
+            if started <= begin <= end:        # a stamp the step did not reach keeps an older time
+                self.record.events.append([step, event["name"], begin, end - begin,
+                                           {"kind": event["kind"], **event["args"]}])
 
 
 def write_steps(path, record):

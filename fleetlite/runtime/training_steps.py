@@ -9,17 +9,23 @@ fleetrun) reporting costs nothing.
 """
 import numpy as np
 
-_compiled = {}      # id(program): program, kept alive so that an id is never reused
+_compiled = {}      # id(program): (program, its compiled step events or None), kept alive so no id is reused
 _listener = None
 
 
-def mark_compiled(program):
-    """`program` is a training program: each run of it is a step."""
-    _compiled[id(program)] = program
+def mark_compiled(program, step_events=None):
+    """`program` is a training program: each run of it is a step; `step_events`: the timestamp
+    pairs compiled into it (fleetlite.compile.step_events), if any."""
+    _compiled[id(program)] = (program, step_events)
 
 
 def is_compiled(program):
-    return _compiled.get(id(program)) is program
+    return _compiled.get(id(program), (None,))[0] is program
+
+
+def step_events(program):
+    """The step events compiled into `program` (a compiled training program), or None."""
+    return _compiled[id(program)][1]
 
 
 def any_compiled():
