@@ -27,7 +27,6 @@ class StepRecord:
     host_s: List[float] = field(default_factory=list)     # seconds outside any step before each (0 for the first)
     start_s: List[float] = field(default_factory=list)    # wall-clock start of each step (timeline only)
     events: List[list] = field(default_factory=list)      # [step, name, start, seconds, args] (timeline only)
-    clock_offset_s: float = 0.0                           # add to this rank's wall clock to get rank 0's
 
 
 class StepRecorder:

@@ -53,8 +53,8 @@ def _spans(ops):
         bucket = program_edit.int_attr(op, program_edit.BUCKET)
         number = counts[kind] = counts.get(kind, -1) + 1
         name = f"{kind} bucket {bucket}" if bucket is not None else f"{kind} #{number}"
-        spans.append((name, kind, op, op, {"bytes": program_edit.nbytes(op.operand_source(0)),
-                                           "ring": program_edit.int_attr(op, "ring_id"), "op": op.name()}))
+        spans.append((name, kind, op, op, {"collective": op.name(), "bytes": program_edit.nbytes(op.operand_source(0)),
+                                           "ring": program_edit.int_attr(op, "ring_id")}))
     for group, run in itertools.groupby(ops, key=lambda op: program_edit.provenance(op) in TOPK_PASSES):
         run = [op for op in run if op.num_operands()]
         if group and run and run[-1].num_results():
