@@ -5,13 +5,15 @@ rank's track, bucket bytes in args. One static job (--timeline) and one fleet.tr
 (FLEETLITE_TIMELINE); the second is also drawn by `fleetlite plot`."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from fleetlite import Topology
+from fleetlite import Topology, cli
 from support.in_process import strategy
 from support.models import compiled_program
-from support.multiprocess import SCRIPTS, clean_environment, fleetrun, FLEETRUN
+from support.multiprocess import FLEETRUN, SCRIPTS, clean_environment, fleetrun
 
 STAMP = "custom_op.fleetlite_timestamp_"
 ROUNDING_US = 0.01
@@ -72,3 +74,22 @@ def test_a_static_job_writes_one_trace_with_a_track_per_rank(tmp_path):
     trace = json.loads((tmp_path / "trace.json").read_text())
     check_trace(trace, (0, 1), 5)
     assert all(abs(offset) < 0.01 for offset in trace["otherData"]["clock_offsets_s"].values())
+
+
+def test_a_train_step_job_traces_through_the_environment_and_fleetlite_plot_draws_it(tmp_path):
+    result = subprocess.run([*FLEETRUN, "--nproc_per_node", "2", "--log_dir", "log", "--quiet",
+                             os.path.join(SCRIPTS, "timed_steps.py"), "--steps", "5", "--dygraph"], cwd=tmp_path,
+                            env={**clean_environment(), "FLEETLITE_TIMELINE": "trace.json"}, capture_output=True,
+                            text=True, timeout=150)
+    assert result.returncode == 0, result.stdout + result.stderr
+    check_trace(json.loads((tmp_path / "trace.json").read_text()), (0, 1), 5)
+    pytest.importorskip("matplotlib")
+    assert cli.main(["plot", str(tmp_path / "trace.json"), "-o", str(tmp_path / "steps.png")]) == 0
+    assert (tmp_path / "steps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    (tmp_path / "trace.json").write_text('{"traceEvents": []}')
+    assert cli.main(["plot", str(tmp_path / "trace.json"), "-o", str(tmp_path / "out.png")]) == 2
+    assert capsys.readouterr().err == "fleetlite: error: fleetlite plot needs matplotlib: pip install 'fleetlite[plot]'\n"
