@@ -7,6 +7,7 @@ wall clock in `slot` when the executor reaches it; `read(count)` returns the fir
 timeline compiles these ops in (step_events).
 """
 import ctypes
+import functools
 import os
 
 from fleetlite.compile.kernel_library import KernelLibrary
@@ -27,7 +28,12 @@ def stamp(value, slot):
     return paddle._C_ops._run_custom_op(STAMP, value, int(slot))[0]
 
 
+@functools.cache
+def _library():
+    return ctypes.CDLL(LIBRARY.library_path())     # the library load_error() registered: one table
+
+
 def read(count):
     values = (ctypes.c_int64 * count)()
-    ctypes.CDLL(LIBRARY.library_path()).fleetlite_timestamps(values, count)
+    _library().fleetlite_timestamps(values, count)
     return [value / 1e9 for value in values]
