@@ -2,7 +2,8 @@
 
 Every rank runs --steps training steps of a two-layer regression compiled by
 fleet.distributed_optimizer (its own slice of the same global batch), and reports its loss and
-step count through fleet.report_progress. --sleep_rank R --sleep_s S makes rank R spend S
+step count through fleet.report_progress; rank 0 prints its last loss (the model starts from
+paddle.seed(0), so two runs of one job print the same). --sleep_rank R --sleep_s S makes rank R spend S
 seconds of host time before each step (a slow input pipeline): the straggler. --dygraph trains
 the same model through fleet.train_step instead.
 """
@@ -64,6 +65,7 @@ def dygraph_steps(strategy):
 
 def main():
     args = parse_args()
+    paddle.seed(0)
     strategy = fleet.DistributedStrategy.load(args.strategy) if args.strategy else fleet.DistributedStrategy()
     step = (dygraph_steps if args.dygraph else static_steps)(strategy)
     rank, world = fleet.worker_index(), fleet.worker_num()
@@ -71,9 +73,10 @@ def main():
     for x, y in batches(args.steps, rank, world):
         if rank == args.sleep_rank:
             time.sleep(args.sleep_s)
-        fleet.report_progress(loss=step(x, y))
+        loss = step(x, y)
+        fleet.report_progress(loss=loss)
         time.sleep(args.step_s)
-    print(f"rank {rank} trained {args.steps} steps", flush=True)
+    print(f"rank {rank} trained {args.steps} steps, last loss {float(np.asarray(loss).reshape(-1)[0]):.8f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -66,14 +66,21 @@ def check_trace(trace, ranks, steps):
     return events
 
 
-def test_a_static_job_writes_one_trace_with_a_track_per_rank(tmp_path):
-    result = fleetrun(["--nproc_per_node", "2", "--log_dir", "log", "--quiet", "--timeline", "trace.json",
-                       os.path.join(SCRIPTS, "timed_steps.py"), "--steps", "5"], tmp_path, timeout=150)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "timeline of this host's ranks in trace.json" in result.stderr
+def last_loss(output):
+    return next(line for line in output.splitlines() if "trained 5 steps" in line).rsplit(" ", 1)[1]
+
+
+def test_a_static_job_writes_one_trace_with_a_track_per_rank_and_trains_as_without_it(tmp_path):
+    job = ["--nproc_per_node", "2", "--quiet", os.path.join(SCRIPTS, "timed_steps.py"), "--steps", "5"]
+    timed = fleetrun(["--log_dir", "timed", "--timeline", "trace.json", *job], tmp_path, timeout=150)
+    assert timed.returncode == 0, timed.stdout + timed.stderr
+    assert "timeline of this host's ranks in trace.json" in timed.stderr
     trace = json.loads((tmp_path / "trace.json").read_text())
     check_trace(trace, (0, 1), 5)
     assert all(abs(offset) < 0.01 for offset in trace["otherData"]["clock_offsets_s"].values())
+    plain = fleetrun(["--log_dir", "plain", *job], tmp_path, timeout=150)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert last_loss(timed.stdout) == last_loss(plain.stdout)       # the stamps change no value
 
 
 def test_a_train_step_job_traces_through_the_environment_and_fleetlite_plot_draws_it(tmp_path):
