@@ -100,3 +100,15 @@ def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch, c
     (tmp_path / "trace.json").write_text('{"traceEvents": []}')
     assert cli.main(["plot", str(tmp_path / "trace.json"), "-o", str(tmp_path / "out.png")]) == 2
     assert capsys.readouterr().err == "fleetlite: error: fleetlite plot needs matplotlib: pip install 'fleetlite[plot]'\n"
+
+
+def test_the_top_k_exchange_is_one_event_found_by_its_passs_ops_with_its_collectives_inside():
+    topk = {"topk": True, "topk_configs": {"density": 0.05, "min_numel": 1000}}    # linear_0.w_0 (2048) sparse
+    main, _, built = compiled_program(strategy(**topk), Topology.grid(2), timeline=True)
+    events = built.report.step_events
+    exchanges = [e for e in events if e["kind"] == "topk"]     # one per run of the pass's ops
+    assert exchanges and all(e["name"] == "topk selection and exchange (topk)" for e in exchanges)
+    slots = {op.attrs()["slot"]: i for i, op in enumerate(main.global_block().ops) if op.name() == STAMP}
+    gathers = [e for e in events if e["kind"] == "all_gather"]
+    assert gathers and all(any(slots[x["begin"]] < slots[e["begin"]] < slots[e["end"]] < slots[x["end"]]
+                               for x in exchanges) for e in gathers)
