@@ -103,9 +103,9 @@ def _time_training_steps(executor_class, progress, recorder, default_program):
     @functools.wraps(original)
     def run(executor, *args, **kwargs):
         program = kwargs["program"] if "program" in kwargs else (args[0] if args else None)
-        if training_steps.any_compiled() and program is None:
+        if program is None and training_steps.any_compiled():
             program = default_program()
-        if not training_steps.any_compiled() or not training_steps.is_compiled(program):
+        if not training_steps.is_compiled(program):
             progress.enter_step()
             return original(executor, *args, **kwargs)
         progress.enter_step(_batch_size(kwargs["feed"] if "feed" in kwargs else (args[1] if len(args) > 1 else None)))

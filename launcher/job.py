@@ -10,16 +10,16 @@ import secrets
 import sys
 import time
 
-from fleetlite.launcher.console_table import format_table
 from fleetlite.launcher.collective_stall import STALL_EXIT_CODE, StallWatch, format_stall
+from fleetlite.launcher.console_table import format_table
 from fleetlite.launcher.failure_report import diagnose, exit_code, format_report, read_end
 from fleetlite.launcher.plan import CPU_MALLOC_TUNABLES, plan_workers
 from fleetlite.launcher.preflight import GLOO_INTERFACE_ENV
 from fleetlite.launcher.spec import follower_argv
 from fleetlite.launcher.step_records import read_steps
 from fleetlite.launcher.step_summary import SUMMARY_FILE, format_summary, summarize, write_summary
-from fleetlite.launcher.timeline import chrome_trace, write_timeline
 from fleetlite.launcher.supervisor import GRACE_S, stop_processes, watch
+from fleetlite.launcher.timeline import chrome_trace, write_timeline
 from fleetlite.launcher.transport import worker_command
 from fleetlite.topology.env_contract import NODE_SECRET
 

@@ -20,7 +20,7 @@ def mark_compiled(program, step_events=None):
 
 
 def is_compiled(program):
-    return _compiled.get(id(program), (None,))[0] is program
+    return program is not None and _compiled.get(id(program), (None,))[0] is program
 
 
 def step_events(program):
