@@ -29,7 +29,8 @@ _API = ("init", "distributed_optimizer", "DistributedOptimizer", "worker_index",
         "barrier_worker", "rank", "nranks", "world_size", "rank_in_node", "util", "all_reduce",
         "is_worker", "is_server", "server_num", "server_endpoints", "init_worker", "stop_worker",
         "save_persistables", "save_inference_model", "save", "load_model", "minimize",
-        "distributed_model", "train_step", "distributed_scaler", "get_hybrid_communicate_group")
+        "distributed_model", "train_step", "distributed_scaler", "get_hybrid_communicate_group",
+        "report_progress")
 
 
 def _registered_passes():

@@ -28,6 +28,7 @@ from fleetlite.runtime.distributed_optimizer import DistributedOptimizer, explai
 from fleetlite.runtime.hybrid_group import HybridCommunicateGroup
 from fleetlite.runtime.job_values import JobValues
 from fleetlite.runtime.train_step import TrainStep
+from fleetlite.runtime.training_steps import report_progress  # noqa: F401  (fleet.report_progress)
 from fleetlite.strategy.distributed_strategy import DistributedStrategy
 from fleetlite.topology import foreign_launcher
 from fleetlite.tuning import trial_worker

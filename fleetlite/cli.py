@@ -69,6 +69,11 @@ def explain(args):
     print(report.to_json() if args.json else report.table())
 
 
+def plot(args):
+    from fleetlite.launcher.timeline_plot import plot as draw
+    print(f"wrote {draw(args.trace, args.output)}")
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="fleetlite", description=__doc__.splitlines()[0])
     top = parser.add_subparsers(dest="group", required=True)
@@ -99,6 +104,10 @@ def build_parser():
     e.add_argument("--model", choices=("mlp", "resnet50"), default="mlp")
     e.add_argument("--json", action="store_true", help="print the report as JSON")
     e.set_defaults(handler=explain)
+    p = top.add_parser("plot", help="draw a fleetrun --timeline trace: per-rank time breakdown and step times (PNG)")
+    p.add_argument("trace", help="the trace fleetrun --timeline wrote")
+    p.add_argument("-o", "--output", required=True, help="the picture to write (.png)")
+    p.set_defaults(handler=plot)
     top.add_parser("run", add_help=False, help="the launcher, with fleetrun's flags: "
                    "fleetlite run --nproc_per_node 2 train.py (a name PaddlePaddle does not install)")
     top.add_parser("tune", add_help=False, help="fleetrun --tune: time short trials of the job and write the "

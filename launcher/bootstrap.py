@@ -8,6 +8,10 @@ It runs the user's unchanged script as `__main__` and adds what the launcher nee
 - every `Executor.run` and `Tensor.backward` entered bumps the progress file, so a collective
   timeout can name the ranks that were behind; the fleet-level collective the worker waits in
   goes there too (fleetlite.runtime.collective_waits), so fleetrun sees ranks stuck in different ones;
+- a run of a program fleetlite compiled is a training step: it is timed (step_records, two clock
+  reads), its samples counted, and what the script reports (fleet.report_progress) kept, for
+  fleetrun's live progress line and its end-of-job summary; the step records are written when
+  the script ends;
 - SIGTERM (fleetrun stopping the job) ends the worker quietly, not with Paddle's crash report;
 - ranks on the store's host other than rank 0 wait until the store listens before they connect:
   Paddle's store client retries only every 3 s, so connecting early costs seconds;
@@ -29,10 +33,10 @@ import traceback
 
 from fleetlite.errors import ScriptDone
 from fleetlite.interprocess import tcp_ports
-from fleetlite.launcher import worker_records
+from fleetlite.launcher import step_records, worker_records
 from fleetlite.paddle_compat import quiet_warnings as paddle_noise
 from fleetlite.paddle_compat import removed_names, termination
-from fleetlite.runtime import collective_waits
+from fleetlite.runtime import collective_waits, training_steps
 from fleetlite.topology import env_contract
 
 PR_SET_PDEATHSIG = 1
@@ -84,6 +88,36 @@ def _count_entries(owner, name, progress):
     setattr(owner, name, counted)
 
 
+def _batch_size(feed):
+    """Rows of the first fed array (0 when there is none to count)."""
+    try:
+        return len(next(iter(feed.values())))
+    except (AttributeError, StopIteration, TypeError):
+        return 0
+
+
+def _time_training_steps(executor_class, progress, recorder, default_program):
+    """Executor.run bumps the progress record; a run of a compiled program is a timed training step."""
+    original = executor_class.run
+
+    @functools.wraps(original)
+    def run(executor, *args, **kwargs):
+        program = kwargs["program"] if "program" in kwargs else (args[0] if args else None)
+        if program is None and training_steps.any_compiled():
+            program = default_program()
+        if not training_steps.is_compiled(program):
+            progress.enter_step()
+            return original(executor, *args, **kwargs)
+        progress.enter_step(_batch_size(kwargs["feed"] if "feed" in kwargs else (args[1] if len(args) > 1 else None)))
+        recorder.begin()
+        try:
+            return original(executor, *args, **kwargs)
+        finally:
+            recorder.end(training_steps.step_events(program))
+
+    executor_class.run = run
+
+
 def _store_is_on_this_host(environ):
     master_host = environ[env_contract.MASTER].rpartition(":")[0]
     my_host = environ[env_contract.CURRENT_ENDPOINT].rpartition(":")[0]
@@ -106,15 +140,16 @@ def _wait_for_store_first(distributed, port):
     distributed.parallel.init_parallel_env = init_parallel_env
 
 
-def instrument_paddle(paddle, environ):
+def instrument_paddle(paddle, environ, recorder):
     termination.quiet_sigterm()
     paddle_noise.spend_the_out_tensor_line(paddle)
     progress_file = environ.get(env_contract.PROGRESS_FILE)
     if progress_file:
         progress = worker_records.ProgressWriter(progress_file)
-        _count_entries(paddle.static.Executor, "run", progress)
+        _time_training_steps(paddle.static.Executor, progress, recorder, paddle.static.default_main_program)
         _count_entries(paddle.Tensor, "backward", progress)
         collective_waits.listen(progress)
+        training_steps.listen(progress)
     if (environ.get(env_contract.TRAINER_ID, "0") != "0" and env_contract.MASTER in environ
             and env_contract.CURRENT_ENDPOINT in environ and _store_is_on_this_host(environ)):
         _wait_for_store_first(paddle.distributed, int(environ[env_contract.MASTER].rpartition(":")[2]))
@@ -138,7 +173,9 @@ def main(argv=None, environ=os.environ):
     script, *args = sys.argv[1:] if argv is None else argv
     if not die_with_launcher(environ):
         return 1
-    sys.meta_path.insert(0, _AfterImport("paddle", lambda paddle: instrument_paddle(paddle, environ),
+    recorder = step_records.StepRecorder(int(environ.get(env_contract.TRAINER_ID, "0")),
+                                         timeline=environ.get(env_contract.STEP_EVENTS) == "1")
+    sys.meta_path.insert(0, _AfterImport("paddle", lambda paddle: instrument_paddle(paddle, environ, recorder),
                                          around=paddle_noise.importing_paddle))
     script = os.path.abspath(script)
     sys.argv = [script, *args]
@@ -153,6 +190,9 @@ def main(argv=None, environ=os.environ):
         if environ.get(env_contract.ERROR_FILE):
             worker_records.write_error(environ[env_contract.ERROR_FILE], exc, text)
         return 1
+    finally:
+        if environ.get(env_contract.STEPS_FILE) and recorder.record.step_s:
+            step_records.write_steps(environ[env_contract.STEPS_FILE], recorder.record)
     return 0
 
 

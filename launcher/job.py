@@ -5,24 +5,23 @@ the workers their restart count (FLEETLITE_RESTART_COUNT); the script resumes fr
 checkpoint. Under --ssh the other hosts' fleetruns are started once: each restarts its own
 group with the same budget, and a host whose fleetrun gives up fails the job.
 """
+import os
 import secrets
 import sys
 import time
 
 from fleetlite.launcher.collective_stall import STALL_EXIT_CODE, StallWatch, format_stall
+from fleetlite.launcher.console_table import format_table
 from fleetlite.launcher.failure_report import diagnose, exit_code, format_report, read_end
 from fleetlite.launcher.plan import CPU_MALLOC_TUNABLES, plan_workers
 from fleetlite.launcher.preflight import GLOO_INTERFACE_ENV
 from fleetlite.launcher.spec import follower_argv
+from fleetlite.launcher.step_records import read_steps
+from fleetlite.launcher.step_summary import SUMMARY_FILE, format_summary, summarize, write_summary
 from fleetlite.launcher.supervisor import GRACE_S, stop_processes, watch
+from fleetlite.launcher.timeline import chrome_trace, write_timeline
 from fleetlite.launcher.transport import worker_command
 from fleetlite.topology.env_contract import NODE_SECRET
-
-
-def _format_table(header, rows):
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-    return ["  " + "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
-            for row in (header, *rows)]
 
 
 def _tee_prefix(slot):
@@ -30,15 +29,18 @@ def _tee_prefix(slot):
 
 
 class Job:
-    def __init__(self, spec, preflight, environ, local, stop, remote=None, grace=GRACE_S, err=None):
+    def __init__(self, spec, preflight, environ, local, stop, remote=None, grace=GRACE_S, err=None, progress=None):
         self.spec, self.preflight = spec, preflight
         self.environ = {**environ, NODE_SECRET: secrets.token_hex(16)}     # kept by every restart
         self.local, self.remote, self.stop, self.grace = local, remote, stop, grace
         self.err = err or sys.stderr
+        self.progress = progress    # a ProgressLine, shown while rank 0 runs on this host
         self.slots = self._plan(0)  # a bad plan fails here, before anything starts
         self._ended_remotes = set()
 
     def _say(self, *lines):
+        if self.progress is not None:
+            self.progress.clear()
         for line in lines:
             print(line, file=self.err, flush=True)
 
@@ -67,7 +69,7 @@ class Job:
                  f"attempt {attempt + 1} of {spec.max_restarts + 1}")
         rows = [(w.slot.rank, w.slot.host, w.slot.device, w.slot.endpoint, w.pid,
                  w.slot.log_path + (" (tee'd below)" if w.teed else "")) for w in workers]
-        lines = [title] + _format_table(("rank", "host", "device", "endpoint", "pid", "log"), rows)
+        lines = [title] + format_table(("rank", "host", "device", "endpoint", "pid", "log"), rows)
         if any(w.slot.device == "cpu" for w in workers):
             shown = ("OMP_NUM_THREADS", "KMP_BLOCKTIME", *CPU_MALLOC_TUNABLES)
             threads = {name: workers[0].slot.env[name] for name in shown if name in workers[0].slot.env}
@@ -87,7 +89,12 @@ class Job:
         # every remote not seen ending yet: one whose ssh already failed is a failure of its host
         live = workers + [r for r in remotes if r not in self._ended_remotes]
         stall = StallWatch({slot.rank: slot.progress_file for slot in slots}, self.spec.collective_stall_timeout)
+        shown = self.progress is not None and slots and slots[0].rank == 0
+        if shown:
+            self.progress.start(slots[0].progress_file, len(self.slots))
         ended = watch(live, self.stop, stalled=stall.check)
+        if shown:
+            self.progress.stop()
         failures = [e for e in ended if e.returncode != 0]
         restart = (bool(failures) and not self.stop.is_set() and attempt < self.spec.max_restarts
                    and all(e.process in workers for e in failures))
@@ -103,9 +110,25 @@ class Job:
         if stall.found:
             self._say(*format_stall(stall.found))
         self._say(*format_report(diagnosis, time.time()))
+        self._report_steps(slots)
         if stall.found and diagnosis.root is None:
             return STALL_EXIT_CODE, False
         return exit_code(diagnosis, self.stop.signum), restart
+
+    def _report_steps(self, slots):
+        """The step summary of this host's ranks (printed, and as JSON in the log folder), and
+        their timeline when --timeline asked for one."""
+        records = [read_steps(slot.steps_file) for slot in slots]
+        summary = summarize(records)
+        if summary is not None:
+            path = os.path.join(self.spec.log_dir, SUMMARY_FILE)
+            write_summary(path, summary)
+            self._say(*format_summary(summary, path))
+        trace = chrome_trace(records, {slot.rank: slot.host for slot in slots}) if self.spec.timeline else None
+        if trace is not None:
+            write_timeline(self.spec.timeline, trace)
+            self._say(f"fleetrun: timeline of this host's ranks in {self.spec.timeline} (open it in "
+                      f"https://ui.perfetto.dev or chrome://tracing)")
 
     def run(self):
         remotes = self._start_other_hosts()

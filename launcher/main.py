@@ -16,6 +16,7 @@ from fleetlite.launcher.host_link import follow_first_host
 from fleetlite.launcher.job import Job
 from fleetlite.launcher import pod_meeting, slurm_allocation
 from fleetlite.launcher.preflight import run_preflight
+from fleetlite.launcher.progress_line import ProgressLine
 from fleetlite.launcher.spec import parse_launch_spec
 from fleetlite.launcher.supervisor import StopRequest
 from fleetlite.launcher.transport import LocalTransport, SshTransport
@@ -45,8 +46,10 @@ def main(argv=None, prog="fleetrun", tune=None):
                   f"{','.join(spec.ips)}, this pod {spec.host}, rank 0's store at {spec.master}", file=sys.stderr)
         preflight = run_preflight(spec, environ)
         reservation = preflight.reservation
-        job = Job(spec, preflight, environ, LocalTransport(), stop,
-                  remote=SshTransport(spec.ssh_command) if spec.ssh else None)
+        progress = None if spec.quiet else ProgressLine(sys.stderr)
+        local = LocalTransport(before_lines=progress.clear if progress else lambda: None)
+        job = Job(spec, preflight, environ, local, stop,
+                  remote=SshTransport(spec.ssh_command) if spec.ssh else None, progress=progress)
         return job.run()
     except FleetliteError as exc:
         print(f"fleetrun: error: {exc}", file=sys.stderr)

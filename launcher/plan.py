@@ -31,6 +31,7 @@ class WorkerSlot:
     log_path: str
     error_file: str
     progress_file: str
+    steps_file: str
     env: Mapping[str, str]  # the worker's whole environment
 
 
@@ -144,12 +145,14 @@ def plan_workers(spec, port, environ, attempt=0):
                                 device_id=device_id)
             error_file = os.path.join(records, f"rank{rank}.error.json")
             progress_file = os.path.join(records, f"rank{rank}.progress")
+            steps_file = os.path.join(records, f"rank{rank}.steps.json")
             defaults = _worker_defaults(local_size, cpu=device_id is None)
-            contract = env_contract.worker_env(topology, spec.job_id, attempt, error_file, progress_file)
+            contract = env_contract.worker_env(topology, spec.job_id, attempt, error_file, progress_file, steps_file,
+                                               step_events=spec.timeline is not None)
             slots.append(WorkerSlot(
                 rank=rank, local_rank=local, host=host,
                 device="cpu" if device_id is None else f"gpu:{device_id}",
                 endpoint=endpoints[rank], log_path=_log_path(spec, host, rank),
-                error_file=error_file, progress_file=progress_file,
+                error_file=error_file, progress_file=progress_file, steps_file=steps_file,
                 env={**defaults, **environ, **contract}))
     return slots

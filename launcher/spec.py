@@ -107,6 +107,8 @@ OPTIONS = (
     Option("collective_stall_timeout", "FLEETLITE_COLLECTIVE_STALL_TIMEOUT", DEFAULT_STALL_TIMEOUT_S, _seconds,
            "stop the job when ranks have waited this many seconds in different fleet collectives "
            "(e.g. one in fleet.util.all_reduce, another in fleet.util.barrier); 0: never"),
+    Option("timeline", "FLEETLITE_TIMELINE", None, _text,
+           "write the job's step timeline (Chrome Trace Event Format, one track per rank) to this file"),
 )
 
 
@@ -127,7 +129,9 @@ class LaunchSpec:
     job_id: str = "default"
     ssh_command: Tuple[str, ...] = ("ssh",)
     collective_stall_timeout: float = DEFAULT_STALL_TIMEOUT_S
+    timeline: Optional[str] = None
     explain: bool = False
+    quiet: bool = False
     ssh: bool = False
     follow_stdin: bool = False
     notes: Tuple[str, ...] = ()
@@ -150,6 +154,8 @@ def build_parser(prog="fleetrun"):
                             metavar=option.name.upper(), help=f"{option.help} [env {option.env}]")
     parser.add_argument("--explain", action="store_true",
                         help="print the compile report of the script's strategy and exit")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no live progress line (rank 0's log is still copied to the console)")
     parser.add_argument("--ssh", action="store_true",
                         help="run from the first host: start fleetrun on the other hosts over ssh")
     parser.add_argument("--follow_stdin", action="store_true", help=argparse.SUPPRESS)
@@ -187,7 +193,7 @@ def parse_launch_spec(argv, environ, prog="fleetrun"):
         if note:
             notes.append(note)
     return LaunchSpec(script=args.script, script_args=tuple(args.script_args), explain=args.explain,
-                      ssh=args.ssh, follow_stdin=args.follow_stdin, notes=tuple(notes),
+                      quiet=args.quiet, ssh=args.ssh, follow_stdin=args.follow_stdin, notes=tuple(notes),
                       tune=tune_options(args), ips_stated=args.ips is not None or "PADDLE_IPS" in environ,
                       **values)
 

@@ -136,11 +136,12 @@ def worker_command(spec, python=sys.executable):
 class LocalTransport:
     """Starts this host's workers, each writing to its own log file."""
 
-    def __init__(self, console=None):
+    def __init__(self, console=None, before_lines=lambda: None):
         self._console = console if console is not None else sys.stdout.buffer
+        self._before_lines = before_lines   # called before rank 0's lines reach the console
 
     def start(self, slot, command, tee_prefix=None):
-        worker_records.clear_records(slot.error_file, slot.progress_file)
+        worker_records.clear_records(slot.error_file, slot.progress_file, slot.steps_file)
         os.makedirs(os.path.dirname(slot.log_path) or ".", exist_ok=True)
         restart = int(slot.env[env_contract.RESTART_COUNT])
         with open(slot.log_path, "ab" if restart else "wb") as log:
@@ -151,7 +152,8 @@ class LocalTransport:
             popen = subprocess.Popen(
                 command, env={**slot.env, env_contract.LAUNCHER_PID: str(os.getpid())},
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        tee = LogTee(slot.log_path, log_start, tee_prefix, self._console).start() if tee_prefix else None
+        tee = (LogTee(slot.log_path, log_start, tee_prefix, self._console, before_lines=self._before_lines).start()
+               if tee_prefix else None)
         return Process(f"rank {slot.rank}", slot.host, popen, slot, log_start, tee)
 
 

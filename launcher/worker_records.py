@@ -10,6 +10,8 @@ both sides live here so the formats cannot drift.
   fleet-level collective the worker waits in now, if any (its kind, how many fleet-level
   collectives the worker had entered, the script line that called it, since when): ranks
   waiting in different ones are stuck, which is how fleetrun stops such a job early.
+  It also counts the training steps (runs of a compiled program) and their samples, and keeps
+  what the script reported (fleet.report_progress): fleetrun's live progress line reads rank 0's.
 """
 import json
 import os
@@ -42,6 +44,10 @@ class Progress:
     steps: int
     time: float
     collective: Optional[CollectiveWait] = None   # the one it waits in now
+    trained: int = 0                     # training steps entered
+    samples: int = 0                     # samples this rank fed them
+    loss: Optional[float] = None         # the last one the script reported
+    total_steps: Optional[int] = None    # the number of training steps the script said it runs
 
 
 def write_error(path, exc, traceback_text):
@@ -66,12 +72,23 @@ class ProgressWriter:
 
     def __init__(self, path):
         self.steps, self.collectives = 0, 0
+        self.trained, self.samples, self.loss, self.total_steps = 0, 0, None, None
         self._step_time, self._wait = time.time(), None
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
-    def enter_step(self):
+    def enter_step(self, samples=None):
+        """`samples`: this rank's batch size when the step is a training step, else None."""
         self.steps += 1
+        if samples is not None:
+            self.trained += 1
+            self.samples += samples
         self._step_time = time.time()
+        self._write()
+
+    def report(self, loss, total_steps):
+        """The listener of fleetlite.runtime.training_steps."""
+        self.loss = self.loss if loss is None else loss
+        self.total_steps = self.total_steps if total_steps is None else total_steps
         self._write()
 
     def enter_collective(self, kind, where):
@@ -85,7 +102,8 @@ class ProgressWriter:
 
     def _write(self):
         record = {"steps": self.steps, "time": round(self._step_time, 3),
-                  "collective": self._wait and asdict(self._wait)}
+                  "collective": self._wait and asdict(self._wait), "trained": self.trained,
+                  "samples": self.samples, "loss": self.loss, "total_steps": self.total_steps}
         text = json.dumps(record).ljust(PROGRESS_RECORD_BYTES - 1) + "\n"
         os.pwrite(self._fd, text.encode(), 0)
 
@@ -95,7 +113,8 @@ def read_progress(path):
         with open(path) as source:
             record = json.load(source)
         wait = record["collective"]
-        return Progress(int(record["steps"]), float(record["time"]), wait and CollectiveWait(**wait))
+        return Progress(int(record["steps"]), float(record["time"]), wait and CollectiveWait(**wait),
+                        int(record["trained"]), int(record["samples"]), record["loss"], record["total_steps"])
     except (FileNotFoundError, ValueError, TypeError, KeyError):
         return None
 

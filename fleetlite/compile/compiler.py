@@ -23,13 +23,17 @@ the loss they leave, e.g. AMP's scaled loss), then each applied forward pass che
 built from its rewrite (`Pass.check_backward`), then the rest. Given gradients, the forward
 passes are skipped with that reason.
 
+With `timeline`, compile's last act compiles the step timeline's timestamp pairs in
+(step_events: around each collective, top-k exchange and the optimizer update); the report
+lists them as `step_events`.
+
 UPDATE_REWRITE passes (gradient merge's conditional branch, merged_adam_) rewrite the optimizer
 update, so they need it built: given an `update` function (the inner optimizer's
 apply_gradients), compile calls it on the reduced gradients before the first of them.
 """
 import heapq
 
-from fleetlite.compile import invariants, program_edit
+from fleetlite.compile import invariants, program_edit, step_events
 from fleetlite.compile.report import APPLIED, OFF, SKIPPED, CompileReport, PassRecord
 from fleetlite.errors import CompileError, FleetliteError
 from fleetlite.strategy import pass_registry
@@ -41,7 +45,7 @@ BACKWARD_EXISTS = "it rewrites the forward before backward, and this program alr
 
 
 def compile(program, params_grads, strategy, topology, registry=None, loss=None, backward=None, update=None,
-            optimizer=None):
+            optimizer=None, timeline=False):
     """Rewrite `program` for `topology`; returns ([GradientSync], CompileReport).
 
     Each GradientSync's `synced` is the value the optimizer must read for its parameter.
@@ -83,6 +87,8 @@ def compile(program, params_grads, strategy, topology, registry=None, loss=None,
     used = {program_edit.int_attr(op, "ring_id") for op in program_edit.walk(context.block)} - {None}
     report.rings = [ring.describe(topology.rank) for ring in context.rings if ring.ring_id in used]
     report.runtime_flags = dict(context.runtime_flags)
+    if timeline:
+        report.step_events = step_events.instrument(program)
     return context.gradients, report
 
 

@@ -35,6 +35,7 @@ class CompileReport:
     rings: List[Dict[str, Any]] = field(default_factory=list)
     runtime_flags: Dict[str, Any] = field(default_factory=dict)
     startup: Dict[str, Any] = field(default_factory=dict)
+    step_events: Optional[List[Dict[str, Any]]] = None   # the timeline's compiled events (step_events), if asked
 
     def record(self, name):
         return next(r for r in self.records if r.name == name)

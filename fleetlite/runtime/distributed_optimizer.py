@@ -10,9 +10,9 @@ import os
 import paddle
 
 from fleetlite.errors import FleetliteError, ScriptDone
-from fleetlite.runtime import eager_data_parallel, process_group, steps_per_run, training_program
+from fleetlite.runtime import eager_data_parallel, process_group, steps_per_run, training_program, training_steps
 from fleetlite.runtime.optimizer_state import CompiledOptimizerState
-from fleetlite.topology.env_contract import EXPLAIN_ONLY
+from fleetlite.topology.env_contract import EXPLAIN_ONLY, STEP_EVENTS
 
 
 def explain_only():
@@ -43,7 +43,8 @@ class DistributedOptimizer:
             self._check_eager_step()
             return self.inner_opt.minimize(loss, startup_program, parameter_list, no_grad_set)
         built = training_program.build(loss, self.inner_opt, self.user_defined_strategy, self.topology,
-                                       startup_program, parameter_list, no_grad_set)
+                                       startup_program, parameter_list, no_grad_set,
+                                       timeline=os.environ.get(STEP_EVENTS) == "1")   # fleetrun --timeline
         self.compile_report = built.report
         if explain_only():
             print(built.report.table(), flush=True)
@@ -54,6 +55,7 @@ class DistributedOptimizer:
         if built.report.runtime_flags:
             paddle.set_flags(built.report.runtime_flags)
         self._program = loss.block.program
+        training_steps.mark_compiled(self._program, built.report.step_events)
         if self.after_minimize is not None:
             self.after_minimize(self._program, built.params_grads, self.user_defined_strategy, self.topology)
         if self.topology.rank == 0:

@@ -30,7 +30,8 @@ class DataParallelProgram:
     report: CompileReport
 
 
-def build(loss, optimizer, strategy, topology, startup_program=None, parameter_list=None, no_grad_set=None):
+def build(loss, optimizer, strategy, topology, startup_program=None, parameter_list=None, no_grad_set=None,
+          timeline=False):
     main = loss.block.program
     check_built_in_one_program(main)
     startup = startup_program or paddle.static.default_startup_program()
@@ -48,7 +49,7 @@ def build(loss, optimizer, strategy, topology, startup_program=None, parameter_l
 
     with paddle.static.program_guard(main, startup):     # state a pass creates is initialised in `startup`
         gradients, report = compiler.compile(main, None, strategy, topology, loss=loss, backward=backward,
-                                             update=update, optimizer=optimizer)
+                                             update=update, optimizer=optimizer, timeline=timeline)
     reduced = [(g.param, g.synced) for g in gradients if g.synced is not None]   # pto on GPU: the owned ones
     optimize_ops = [op for op in program_edit.walk(main.global_block()) if op.op_role == program_edit.OPTIMIZE]
     if topology.world_size > 1:

@@ -38,6 +38,10 @@ NODE_RANK = "FLEETLITE_NODE_RANK"
 RESTART_COUNT = "FLEETLITE_RESTART_COUNT"
 ERROR_FILE = "FLEETLITE_ERROR_FILE"
 PROGRESS_FILE = "FLEETLITE_PROGRESS_FILE"
+# Where the worker writes its step records at its end (launcher/step_records.py), and "1" when
+# `fleetrun --timeline` asks for each step's events too (the compiler then instruments them).
+STEPS_FILE = "FLEETLITE_STEPS_FILE"
+STEP_EVENTS = "FLEETLITE_STEP_EVENTS"
 # The pid of the fleetrun that started this worker: the worker dies with it (PR_SET_PDEATHSIG)
 # and exits at once if it was already gone when the worker started.
 LAUNCHER_PID = "FLEETLITE_LAUNCHER_PID"
@@ -50,7 +54,8 @@ EXPLAIN_ONLY = "FLEETLITE_EXPLAIN_ONLY"
 NODE_SECRET = "FLEETLITE_NODE_SECRET"
 
 
-def worker_env(topology, job_id="default", restart_count=0, error_file=None, progress_file=None):
+def worker_env(topology, job_id="default", restart_count=0, error_file=None, progress_file=None, steps_file=None,
+               step_events=False):
     """The variables that make a worker see `topology` (Paddle's names plus fleetlite's)."""
     env = {
         TRAINER_ID: str(topology.rank),
@@ -72,6 +77,10 @@ def worker_env(topology, job_id="default", restart_count=0, error_file=None, pro
         env[ERROR_FILE] = str(error_file)
     if progress_file:
         env[PROGRESS_FILE] = str(progress_file)
+    if steps_file:
+        env[STEPS_FILE] = str(steps_file)
+    if step_events:
+        env[STEP_EVENTS] = "1"
     return env
 
 

@@ -102,3 +102,11 @@ def test_dygraph_step_driver_reports_both_ratios_and_the_first_call_time(tmp_pat
     assert [row["model"] for row in report["rows"]] == ["mlp"]
     assert report["ratios"]["R_mlp"] > 0 and report["ratios"]["first_call_ms_mlp"] > 0
     assert "ratios:" in result.stdout
+
+
+def test_timeline_overhead_driver_times_jobs_with_and_without_the_timeline(tmp_path):
+    result, report = run_driver(tmp_path, "benchmarks.timeline.timeline_overhead", "--rounds", "1", "--epochs", "1",
+                                timeout=300)
+    (row,) = report["rows"]
+    assert row["plain_ms"] > 0 and row["timeline_ms"] > 0 and report["ratio"] == row["ratio"]
+    assert "ratios: timeline/plain = " in result.stdout

@@ -51,8 +51,9 @@ def loss(model_name, x, y, shards):
     return paddle.add_n(parts) / shards if shards > 1 else parts[0]
 
 
-def compiled_program(strategy, topology, model_name="mlp", rows=8, optimizer=None):
-    """`model_name`'s training program compiled in this process for any rank of any job.
+def compiled_program(strategy, topology, model_name="mlp", rows=8, optimizer=None, timeline=False):
+    """`model_name`'s training program compiled in this process for any rank of any job (with the
+    step timeline's timestamp ops if `timeline`).
 
     Returns (main, startup, training_program.DataParallelProgram); nothing runs.
     """
@@ -62,7 +63,7 @@ def compiled_program(strategy, topology, model_name="mlp", rows=8, optimizer=Non
         x = paddle.static.data("x", [rows, 64], "float32")
         y = paddle.static.data("y", [rows, 1], "int64")
         built = training_program.build(loss(model_name, x, y, 1), optimizer or paddle.optimizer.SGD(0.1),
-                                       strategy, topology, startup)
+                                       strategy, topology, startup, timeline=timeline)
     return main, startup, built
 
 

@@ -1,0 +1,1 @@
+"""The timeline benchmark: what `fleetrun --timeline` costs a training step."""
