@@ -38,7 +38,7 @@ from paddle.distributed.parallel import _set_expected_place
 
 from fleetlite.errors import TopologyError
 from fleetlite.interprocess import tcp_ports
-from fleetlite.runtime import rendezvous_store
+from fleetlite.runtime import rendezvous_store, subgroups
 from fleetlite.topology.env_contract import worker_env
 
 TIMEOUT_ENV = "FLEETLITE_INIT_TIMEOUT"
@@ -66,6 +66,7 @@ def bring_up(topology, timeout):
     existing = paddle_collective._get_group_map_by_name().get(GROUP_NAME)
     if existing is not None:
         _store = _adopt(existing, topology)
+        subgroups.create_pending(_store)
         return
     for name, value in worker_env(topology).items():   # Paddle's C++ side reads these
         if name.startswith(("PADDLE_", "FLAGS_")):
@@ -76,6 +77,7 @@ def bring_up(topology, timeout):
     with dynamic_mode():
         _store = _rendezvous(host, int(port), topology, timeout)
         _register_default_group(_store, topology)
+    subgroups.create_pending(_store)
 
 
 def defer(topology, timeout):
@@ -121,6 +123,19 @@ def dynamic_mode():
 def is_up():
     """Whether this process has a process group (a job of more than one rank after bring_up)."""
     return _store is not None
+
+
+def store():
+    """The job's rendezvous store (None before bring_up)."""
+    return _store
+
+
+def create_subgroups(communicators, rank):
+    """The gloo sub-group communicators [(key, members)] a compiled program uses: now if the job
+    is up, else right after the deferred rendezvous (runtime.subgroups)."""
+    subgroups.expect(communicators, rank)
+    if _store is not None:
+        subgroups.create_pending(_store)
 
 
 def wait_for_endpoint(host, port, timeout, rank):
