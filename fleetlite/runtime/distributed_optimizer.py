@@ -51,9 +51,6 @@ class DistributedOptimizer:
         if self.topology.device == "gpu" and self.topology.world_size > 1:
             process_group.connect("minimize (its NCCL rings)")
             process_group.create_nccl_rings(built.report.rings, self.topology)
-        if self.topology.device == "cpu" and built.report.record("gloo_lowering").details.get("communicators"):
-            process_group.create_subgroups(built.report.record("gloo_lowering").details["communicators"],
-                                           self.topology.rank)
         if built.report.runtime_flags:
             paddle.set_flags(built.report.runtime_flags)
         self._program = loss.block.program

@@ -102,12 +102,6 @@ def test_hierarchical_on_one_node_is_reported_as_skipped():
     assert record.status == "skipped" and "whole world (8 ranks)" in record.reason
 
 
-@pytest.fixture
-def no_group_ops(monkeypatch):
-    """As where the sub-group ops cannot be built (no C++ compiler)."""
-    monkeypatch.setattr(group_collectives, "load_error", lambda: "no C++ compiler (the test says so)")
-
-
 def group_ops(main):
     """(op, comm key, group size, layout ring it runs) of every sub-group op, in program order."""
     return [(op.name().replace("custom_op.fleetlite_group_", ""), op.attrs()["comm_key"], op.attrs()["nranks"],
