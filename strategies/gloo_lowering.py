@@ -114,20 +114,21 @@ class GlooLowering(Pass):
 def _on_group(context, op, ring, key, size):
     """`op` on this rank's group of `ring`, through its own communicator `key`."""
     source = op.operand_source(0)
+    if op.name() in ALL_REDUCE and op.attrs()["reduce_type"] != gradient_buckets.SUM:
+        raise CompileError(f"{op.name()} with reduce_type {op.attrs()['reduce_type']} on {ring.kind} "
+                           f"ring {ring.ring_id}: the gloo sub-group op only sums")
+    widen = source.dtype == paddle.float16 and op.name() != "pd_op.all_gather"   # a sum: fp32 on the wire
     with context.edit(before=op) as created:
+        data = paddle.cast(source, "float32") if widen else source
         if op.name() in ALL_REDUCE:
-            if op.attrs()["reduce_type"] != gradient_buckets.SUM:
-                raise CompileError(f"{op.name()} with reduce_type {op.attrs()['reduce_type']} on {ring.kind} "
-                                   f"ring {ring.ring_id}: the gloo sub-group op only sums")
-            widened = paddle.cast(source, "float32") if source.dtype == paddle.float16 else source
-            result = group_collectives.all_reduce(widened, key, size)
-            result = paddle.cast(result, "float16") if source.dtype == paddle.float16 else result
+            result = group_collectives.all_reduce(data, key, size)
         elif op.name() == "pd_op.reduce_scatter":
-            result = group_collectives.reduce_scatter(source, key, size)
+            result = group_collectives.reduce_scatter(data, key, size)
         elif op.name() == "pd_op.all_gather":
-            result = group_collectives.all_gather(source, key, size)
+            result = group_collectives.all_gather(data, key, size)
         else:
             raise CompileError(f"no gloo sub-group lowering for {op.name()} on {ring.kind} ring {ring.ring_id}")
+        result = paddle.cast(result, "float16") if widen else result
     bucket = program_edit.int_attr(op, program_edit.BUCKET)
     for created_op in created:
         if created_op.name() in group_collectives.OP_NAMES:

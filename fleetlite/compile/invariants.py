@@ -159,8 +159,9 @@ def check_gloo(block):
     for op in program_edit.walk(block):
         name, ring = op.name(), program_edit.int_attr(op, "ring_id")
         if ring not in (None, 0):
-            raise CompileError(f"{name} uses ring {ring} on CPU: a process has one static communicator "
-                               f"and every ring id silently runs on ring 0's members; lower it to ring 0")
+            raise CompileError(f"{name} uses ring {ring} on CPU: Paddle's CPU collective kernels ignore the "
+                               f"ring id and silently run on the communicator attached to the process; lower it "
+                               f"to ring 0 or to fleetlite's sub-group op (gloo_lowering)")
         if name in ("pd_op.all_reduce", "pd_op.all_reduce_"):
             if op.attrs()["reduce_type"] == AVG:
                 raise CompileError(f"{name} with reduce_type AVG: gloo has no AVG reduce; sum, then scale")
