@@ -65,7 +65,8 @@ def init(role_maker=None, is_collective=True, strategy=None, log_level=None):
         process_group.bring_up(topology, process_group.init_timeout())
     elif not explain_only():
         process_group.defer(topology, process_group.init_timeout())
-        lazy_rendezvous.watch_executor_runs()
+    if not explain_only():
+        lazy_rendezvous.watch_executor_runs()     # also binds ring 0 back before each static run
     _job, _hybrid_group = (topology, strategy), None
 
 

@@ -3,8 +3,8 @@
 With n rings, bucket i is issued on ring i mod n, so consecutive buckets can be in flight on
 different NCCL communicators (and streams) at once. Rings 0..n-1 all span the whole world;
 ring 0 is the default process group and rings 1..n-1 are created by the API on GPUs. On gloo
-a process has one communicator, so the lowering maps these rings back to ring 0 (same
-members, same math).
+the lowering runs rings 1..n-1 on world communicators of their own (gloo_lowering; ring 0 where
+the sub-group op cannot be built); the executor still issues them one at a time.
 """
 from fleetlite.compile import program_edit
 from fleetlite.compile.pass_contract import Pass, PassResult, Phase

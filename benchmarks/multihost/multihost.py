@@ -12,7 +12,8 @@ Needs root, iproute2 and openssh (installed when missing). On 2 hosts x 2 proces
   the checkpoint; whether the final weights equal the uninterrupted run's (to 1e-5);
 - orphans: fleetrun and worker processes left on any host after all of that;
 - inter_node_bytes_per_step, intra_node_bytes_per_step: an MLP (--layers) trained with dense
-  all-reduce, one-level top-k and hierarchical top-k at one density (--density): bytes the hosts
+  all-reduce, hierarchical (two-level) all-reduce, one-level top-k and hierarchical top-k at one
+  density (--density): bytes the hosts
   sent each other (their links' counters) and within each host (their loopbacks), per step,
   median over rounds.
 Where a cluster cannot be made, it says why and exits cleanly.
@@ -114,7 +115,8 @@ class ClusterWorkers(WorkerGroup):
 def traffic(cluster, layers, density, steps, rounds):
     """{exchange: bytes per step} between hosts and within hosts, median over `rounds` (after one
     warm-up round that absorbs the rendezvous)."""
-    exchanges = {"dense": "dense", "topk": f"topk_{density:g}", "hierarchical_topk": f"hierarchical_topk_{density:g}"}
+    exchanges = {"dense": "dense", "hierarchical_allreduce": "hierarchical_allreduce", "topk": f"topk_{density:g}",
+                 "hierarchical_topk": f"hierarchical_topk_{density:g}"}
     inter, intra = {}, {}
     for key, name in exchanges.items():
         group = ClusterWorkers(key, ["benchmarks.topk.topk_exchange_worker", exchange(name).name, layers, "32"], cluster,

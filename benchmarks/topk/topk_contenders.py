@@ -39,7 +39,7 @@ def allgather_ring_bytes(payload, world):
 def dense_and_one_level_topk_bytes(report, world):
     """Bytes one rank sends per step: every dense bucket all-reduced, every top-k (or dgc)
     gradient's (values, indices) all-gathered. None if the report shows a pass this formula does
-    not model (hierarchical top-k, whose CPU lowering emulates its rings on ring 0)."""
+    not model (the two-level exchanges: hierarchical all-reduce and hierarchical top-k)."""
     modelled = {"data_parallel", "topk", "dgc", "dgc_update", "fuse_all_reduce_ops", "gloo_lowering",
                 "copy_free_buckets", "gradient_scale_configs.scale_gradient"}
     if set(report.applied) - modelled or ("topk" in report.applied and
@@ -86,9 +86,15 @@ def topk(density, error_feedback=True, warmup_steps=0):
 
 def hierarchical_topk(density):
     """Top-k exchanged in two levels (strategies/topk_exchange.py); needs ranks on several nodes, so it is
-    in no single-host sweep (no family). Its formula is None: on CPU its rings run on ring 0."""
+    in no single-host sweep (no family). Not modelled by the formula (None)."""
     return Exchange(f"hierarchical_topk_{density:g}", {"topk": True, "topk_configs": {
         "density": density, "hierarchical": True}})
+
+
+def hierarchical_allreduce():
+    """Dense all-reduce in two levels (strategies/hierarchical_allreduce.py), each level on its own
+    gloo group; needs several nodes (no family). Not modelled by the formula (None)."""
+    return Exchange("hierarchical_allreduce", {"use_hierarchical_allreduce": True})
 
 
 def dgc(sparsity):
@@ -109,7 +115,7 @@ EXCHANGES = {exchange.name: exchange for exchange in [
     DENSE,
     topk(0.1), topk(0.01), topk(0.001),
     topk(0.01, error_feedback=False), topk(0.001, error_feedback=False),
-    hierarchical_topk(0.01),
+    hierarchical_topk(0.01), hierarchical_allreduce(),
     dgc(0.99), dgc(0.999),
     localsgd(2), localsgd(4),
 ]}

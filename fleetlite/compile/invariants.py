@@ -20,11 +20,13 @@ import math
 
 import paddle
 
-from fleetlite.compile import program_edit
+from fleetlite.compile import group_collectives, program_edit
 from fleetlite.errors import CompileError
 from fleetlite.compile.pass_contract import Phase
 
-SUMMING = ("pd_op.all_reduce", "pd_op.all_reduce_", "pd_op.reduce_scatter")
+SUMMING = ("pd_op.all_reduce", "pd_op.all_reduce_", "pd_op.reduce_scatter",
+           *(f"custom_op.{name}" for name in (group_collectives.ALL_REDUCE, group_collectives.REDUCE_SCATTER)))
+GATHERING = ("pd_op.all_gather", f"custom_op.{group_collectives.ALL_GATHER}")
 SCATTER_ADD = "pd_op.scatter_nd_add"
 SCALING = ("pd_op.scale", "pd_op.scale_")
 PACK, ALIAS = "custom_op.fleetlite_bucket_pack_", "custom_op.fleetlite_bucket_alias_"   # fleetlite.compile.bucket_views
@@ -147,7 +149,7 @@ def _gathered_over(value):
     op = value.get_defining_op()
     while op is not None and op.name() in ROW_MOVES:
         op = op.operand_source(0).get_defining_op()
-    if op is None or op.name() != "pd_op.all_gather":
+    if op is None or op.name() not in GATHERING:
         return None
     return program_edit.int_attr(op, program_edit.EMULATES, program_edit.int_attr(op, "ring_id"))
 
@@ -157,8 +159,9 @@ def check_gloo(block):
     for op in program_edit.walk(block):
         name, ring = op.name(), program_edit.int_attr(op, "ring_id")
         if ring not in (None, 0):
-            raise CompileError(f"{name} uses ring {ring} on CPU: a process has one static communicator "
-                               f"and every ring id silently runs on ring 0's members; lower it to ring 0")
+            raise CompileError(f"{name} uses ring {ring} on CPU: Paddle's CPU collective kernels ignore the "
+                               f"ring id and silently run on the communicator attached to the process; lower it "
+                               f"to ring 0 or to fleetlite's sub-group op (gloo_lowering)")
         if name in ("pd_op.all_reduce", "pd_op.all_reduce_"):
             if op.attrs()["reduce_type"] == AVG:
                 raise CompileError(f"{name} with reduce_type AVG: gloo has no AVG reduce; sum, then scale")

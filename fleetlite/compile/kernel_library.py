@@ -52,8 +52,9 @@ class KernelLibrary:
     """The operators of one C++ source. `title` names them in messages ("the MSTopK kernel");
     `fallback` says what runs without them ("MSTopK runs as Paddle ops, slower on CPU")."""
 
-    def __init__(self, name, source, title, fallback):
+    def __init__(self, name, source, title, fallback, headers=None):
         self.name, self.source, self.title, self.fallback = name, source, title, fallback
+        self.headers = dict(headers or {})   # {include path: text}: stubs of headers the wheel lacks
 
     def load_error(self):
         """None once the operators are registered in this process; otherwise why they are not
@@ -89,8 +90,8 @@ class KernelLibrary:
         with open(self.source, "rb") as source:
             hashed = hashlib.sha256(source.read())
         for part in (paddle.version.full_version, paddle.version.commit, sys.implementation.cache_tag,
-                     platform.machine(), " ".join(COMPILE_FLAGS)):
-            hashed.update(part.encode())
+                     platform.machine(), " ".join(COMPILE_FLAGS), *sorted(self.headers.items())):
+            hashed.update(str(part).encode())
         return hashed.hexdigest()[:16]
 
     def _build(self, library):
@@ -116,7 +117,8 @@ class KernelLibrary:
 
     def _run_build(self, folder):
         """(output, exit status) of the child that compiles into `folder`, killed at the deadline."""
-        child = subprocess.Popen([sys.executable, "-m", __name__, self.name, self.source, folder],
+        child = subprocess.Popen([sys.executable, "-m", __name__, self.name, self.source, folder,
+                                  *self._include_flags(folder)],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             output, _ = child.communicate(timeout=BUILD_TIMEOUT)
@@ -126,15 +128,26 @@ class KernelLibrary:
             raise KernelUnavailable(f"building the kernel took more than {BUILD_TIMEOUT:.0f} s") from None
         return output, child.returncode
 
+    def _include_flags(self, folder):
+        """The -I flag of the stub headers, written under the build `folder` (none without them)."""
+        if not self.headers:
+            return []
+        include = os.path.join(folder, "include")
+        for path, text in self.headers.items():
+            os.makedirs(os.path.dirname(os.path.join(include, path)), exist_ok=True)
+            with open(os.path.join(include, path), "w") as header:
+                header.write(text)
+        return [f"-I{include}"]
 
-def _compile_into(name, source, folder):
+
+def _compile_into(name, source, folder, *include_flags):
     """The child's job: compile `source` into `folder` and load it once (a library that does not
     load fails the build rather than every later process)."""
-    cpp_extension.load(name, [source], extra_cxx_cflags=COMPILE_FLAGS, build_directory=folder)
+    cpp_extension.load(name, [source], extra_cxx_cflags=COMPILE_FLAGS + list(include_flags), build_directory=folder)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4:
+    if len(sys.argv) >= 4:
         _compile_into(*sys.argv[1:])
     else:
-        sys.exit(f"usage: {sys.executable} -m fleetlite.compile.kernel_library NAME SOURCE BUILD_FOLDER")
+        sys.exit(f"usage: {sys.executable} -m fleetlite.compile.kernel_library NAME SOURCE BUILD_FOLDER [-IDIR ...]")

@@ -5,5 +5,6 @@ start-up warnings held where they start, one glog line left out of fleetrun's co
 value_clip: the ClipGradByValue that Paddle 3.3 cannot build into a PIR program;
 static_execution: a dygraph script's PIR program built and run (the LR scheduler's global scope,
 the optimizer's eager parameter list); termination: SIGTERM without Paddle's crash report;
-removed_names: the fix for a name Paddle 3 removed, added to the script's traceback.
+removed_names: the fix for a name Paddle 3 removed, added to the script's traceback;
+ring_aware_collectives: sub-group collectives on CPU through communicators looked up by key.
 """

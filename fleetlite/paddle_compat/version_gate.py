@@ -19,6 +19,7 @@ LAST_NEEDED = {
     "no CPU sync_batch_norm kernel": (3, 3),   # runtime.eager_sync_batch_norm.swap
     "GradScaler float() of its scale": (3, 3),   # scale_update.lowers_without_crashing
     "N-step plan and named persistable custom-op inputs": (3, 3),   # steps_plan.custom_ops_read_named_persistables
+    "CPU collectives ignore ring_id": (3, 3),   # ring_aware_collectives.refusal
 }
 
 

@@ -5,27 +5,35 @@ with collectives, as Paddle connects when the startup program runs.
 deferred (process_group.defer), a run whose program holds a collective op (any op with a
 `ring_id`: the startup broadcast, the gradient all-reduce, ...) connects first. Programs without
 collectives (an evaluation program, a startup program at world 1) run without the job. Once
-connected, the wrapper only checks one flag.
+connected, the wrapper only checks one flag, and binds ring 0 back to the CPU device context
+(runtime.subgroups.bind_world_ring: an eager collective on another ring would otherwise leave
+that ring under every static ring-0 collective of the run).
 """
+import functools
+
 import paddle
 
 from fleetlite.compile import program_edit
-from fleetlite.runtime import process_group
+from fleetlite.runtime import process_group, subgroups
 
 NEEDED_BY = "the first run of a program with collectives"
 _watching = False
 
 
 def watch_executor_runs():
-    """Connect a deferred rendezvous before the first Executor.run that needs the other ranks."""
+    """Connect a deferred rendezvous before the first Executor.run that needs the other ranks;
+    bind ring 0 back before every run."""
     global _watching
     if _watching:
         return
     original = paddle.static.Executor.run
 
+    @functools.wraps(original)
     def run(executor, program=None, *args, **kwargs):
         if process_group.deferred() and has_collectives(program):
             process_group.connect(NEEDED_BY)
+        if process_group.is_up():
+            subgroups.bind_world_ring()
         return original(executor, program, *args, **kwargs)
 
     paddle.static.Executor.run = run

@@ -39,7 +39,7 @@ from paddle.distributed.parallel import _set_expected_place
 from fleetlite.errors import TopologyError
 from fleetlite.interprocess import tcp_ports
 from fleetlite.interprocess.network_interfaces import GLOO_INTERFACE_ENV, interface_towards
-from fleetlite.runtime import rank_watch, rendezvous_store
+from fleetlite.runtime import rank_watch, rendezvous_store, subgroups
 from fleetlite.topology.env_contract import worker_env
 
 TIMEOUT_ENV = "FLEETLITE_INIT_TIMEOUT"
@@ -70,6 +70,7 @@ def bring_up(topology, timeout):
     existing = paddle_collective._get_group_map_by_name().get(GROUP_NAME)
     if existing is not None:
         _store = _adopt(existing, topology)
+        subgroups.create_pending(_store)
         return
     watched = rank_watch.wanted(os.environ)   # before the lines below make it look like fleetrun's
     for name, value in worker_env(topology).items():   # Paddle's C++ side reads these
@@ -86,6 +87,7 @@ def bring_up(topology, timeout):
         if topology.endpoints_from_store:
             _exchange_endpoints(_store, topology, own_address)
         _register_default_group(_store, topology)
+    subgroups.create_pending(_store)
     if _watch is not None:
         _watch.start()
 
@@ -153,6 +155,19 @@ def dynamic_mode():
 def is_up():
     """Whether this process has a process group (a job of more than one rank after bring_up)."""
     return _store is not None
+
+
+def store():
+    """The job's rendezvous store (None before bring_up)."""
+    return _store
+
+
+def create_subgroups(communicators, rank):
+    """The gloo sub-group communicators [(key, members)] a compiled program uses: now if the job
+    is up, else right after the deferred rendezvous (runtime.subgroups)."""
+    subgroups.expect(communicators, rank)
+    if _store is not None:
+        subgroups.create_pending(_store)
 
 
 def wait_for_endpoint(host, port, timeout, rank):

@@ -19,6 +19,7 @@ from fleetlite.compile import compiler, program_edit
 from fleetlite.paddle_compat import value_clip as gradient_clip, quiet_warnings as paddle_noise
 from fleetlite.compile.report import CompileReport
 from fleetlite.errors import CompileError
+from fleetlite.runtime import process_group
 
 BROADCAST = "broadcast_parameters"
 
@@ -54,6 +55,9 @@ def build(loss, optimizer, strategy, topology, startup_program=None, parameter_l
     optimize_ops = [op for op in program_edit.walk(main.global_block()) if op.op_role == program_edit.OPTIMIZE]
     if topology.world_size > 1:
         report.startup[BROADCAST] = broadcast_parameters(startup)
+    if topology.device == "cpu" and topology.world_size > 1:     # the gloo groups its rings run on
+        process_group.create_subgroups(report.record("gloo_lowering").details.get("communicators", []),
+                                       topology.rank)
     return DataParallelProgram(optimize_ops, reduced, report)
 
 

@@ -214,7 +214,7 @@ def test_the_optimizer_must_read_the_reduced_gradient():
 # --- the gloo guard: each measured silent-wrong result is caught or avoided ----------------------------
 def test_without_lowering_a_second_ring_on_cpu_is_rejected():
     registry = [p for p in REGISTRY if p is not GlooLowering]
-    with pytest.raises(CompileError, match="uses ring 1 on CPU: a process has one static communicator"):
+    with pytest.raises(CompileError, match="uses ring 1 on CPU: Paddle.s CPU collective kernels ignore the ring id"):
         compile_with(registry, nccl_comm_num=2, fuse_grad_size_in_TFLOPS=2, last_comm_group_size_MB=0)
 
 

@@ -9,7 +9,7 @@ import paddle
 import pytest
 
 from fleetlite import Topology
-from fleetlite.compile import program_edit
+from fleetlite.compile import group_collectives, program_edit
 from fleetlite.strategies.fuse_all_reduce import plan_buckets
 from support.in_process import strategy
 from support.models import compiled_program, sequence
@@ -102,16 +102,48 @@ def test_hierarchical_on_one_node_is_reported_as_skipped():
     assert record.status == "skipped" and "whole world (8 ranks)" in record.reason
 
 
-def test_gloo_lowering_maps_world_rings_to_ring_0():
+def group_ops(main):
+    """(op, comm key, group size, layout ring it runs) of every sub-group op, in program order."""
+    return [(op.name().replace("custom_op.fleetlite_group_", ""), op.attrs()["comm_key"], op.attrs()["nranks"],
+             program_edit.int_attr(op, program_edit.EMULATES))
+            for op in main.global_block().ops if op.name() in group_collectives.OP_NAMES]
+
+
+def test_gloo_lowering_runs_each_extra_world_ring_on_a_communicator_of_its_own():
+    main, report = compile_mlp(CPU_4, nccl_comm_num=2, **TWO_PER_BUCKET)
+    assert sequence(main, "gloo_lowering") == ["custom_op.fleetlite_group_all_reduce(ring=0)"]
+    assert group_ops(main) == [("all_reduce", "fleetlite/1/0.1.2.3", 4, 1)]     # ring 0 stays Paddle's own
+    assert report.record("gloo_lowering").details["communicators"] == [("fleetlite/1/0.1.2.3", [0, 1, 2, 3])]
+
+
+def test_gloo_lowering_runs_node_and_cross_node_rings_on_their_own_groups():
+    main, report = compile_mlp(CPU_4, use_hierarchical_allreduce=True, fuse_grad_size_in_MB=64,
+                               fuse_grad_size_in_TFLOPS=0, last_comm_group_size_MB=0)
+    # rank 3: node group {2,3} (intra ring 1), cross-node group {1,3} (inter ring 2); nothing on ring 0
+    assert group_ops(main) == [("reduce_scatter", "fleetlite/0/2.3", 2, 1), ("all_reduce", "fleetlite/0/1.3", 2, 2),
+                               ("all_gather", "fleetlite/0/2.3", 2, 1)]
+    assert report.record("gloo_lowering").details["communicators"] == [("fleetlite/0/2.3", [2, 3]),
+                                                                       ("fleetlite/0/1.3", [1, 3])]
+    assert not [op for op in main.global_block().ops if op.name().startswith("pd_op.") and op.has_attr("ring_id")]
+
+
+def test_hierarchical_rings_of_two_flat_rings_get_two_communicators_per_group():
+    _, report = compile_mlp(CPU_4, use_hierarchical_allreduce=True, nccl_comm_num=2, **TWO_PER_BUCKET)
+    assert [key for key, _ in report.record("gloo_lowering").details["communicators"]] == [
+        "fleetlite/0/2.3", "fleetlite/0/1.3", "fleetlite/1/2.3", "fleetlite/1/1.3"]
+
+
+def test_without_group_ops_gloo_lowering_maps_world_rings_to_ring_0(no_group_ops):
     main, report = compile_mlp(CPU_4, nccl_comm_num=2, **TWO_PER_BUCKET)
     rings = [program_edit.int_attr(op, "ring_id") for op in main.global_block().ops if op.has_attr("ring_id")]
     assert rings == [0, 0]
     assert report.record("gloo_lowering").details["changes"] == {"pd_op.all_reduce_ world ring -> ring 0": 1}
 
 
-def test_gloo_lowering_emulates_subgroups_exactly_on_ring_0():
+def test_without_group_ops_gloo_lowering_emulates_subgroups_exactly_on_ring_0(no_group_ops):
     main, report = compile_mlp(CPU_4, use_hierarchical_allreduce=True, fuse_grad_size_in_MB=64,
                                fuse_grad_size_in_TFLOPS=0, last_comm_group_size_MB=0)
+    assert "no sub-group communicators: no C++ compiler" in report.record("gloo_lowering").summary
     # rank 3 is second in its node (intra groups {0,1},{2,3}) and in its inter group ({1,3}):
     # each masked sum puts its data in the second of two slots and keeps that slot.
     masked_second_slot = ["full", "full", "builtin.combine", "concat", "all_reduce_(ring=0)",

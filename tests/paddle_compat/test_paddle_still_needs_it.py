@@ -149,3 +149,27 @@ def test_an_n_step_plan_still_cannot_feed_a_named_persistable_to_a_custom_op(kee
     assert (run.returncode != 0) == keep, run.stdout[-2000:] + run.stderr[-2000:]
     if not keep:
         assert run.stdout.split()[-1] == "32.0"
+
+
+# One process, one gloo communicator registered as ring 5 (a group of 1): a static program whose
+# second all-reduce names ring 9, which nobody registered, still runs (on ring 5's communicator).
+RING_ID_IGNORED = """
+import socket
+import numpy as np
+import paddle
+from paddle.base import core
+listener = socket.socket(); listener.bind(("127.0.0.1", 0)); port = listener.getsockname()[1]; listener.close()
+core.CommContextManager.create_gloo_comm_context(core.TCPStore("127.0.0.1", port, True, 1, 30), "5", 0, 1)
+paddle.enable_static()
+main = paddle.static.Program()
+with paddle.static.program_guard(main):
+    x = paddle.static.data("x", [2], "float32")
+    y = paddle._C_ops.all_reduce(paddle._C_ops.all_reduce(x, 5, 0), 9, 0)
+print(paddle.static.Executor(paddle.CPUPlace()).run(main, feed={"x": np.ones(2, "float32")}, fetch_list=[y])[0].sum())
+"""
+
+
+def test_cpu_collectives_still_ignore_their_ring_id():
+    _installed_release_is_gated("CPU collectives ignore ring_id")
+    run = subprocess.run([sys.executable, "-c", RING_ID_IGNORED], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.split()[-1] == "2.0", run.stdout[-2000:] + run.stderr[-2000:]

@@ -168,7 +168,7 @@ def test_hierarchical_pads_the_gradient_to_a_multiple_of_the_node_size_and_trims
     assert report.record("topk").details["gradients"][0]["k"] == 35          # ceil(0.05 * 683)
 
 
-def test_hierarchical_on_cpu_runs_every_level_on_ring_0_emulating_the_node_and_cross_node_rings():
+def test_hierarchical_on_cpu_runs_every_level_on_ring_0_emulating_the_node_and_cross_node_rings(no_group_ops):
     """Rank 3 of 2 nodes x 2: the node's reduce-scatter is a masked world sum, the cross-node and
     node all-gathers are world all-gathers keeping the group's rows (the gloo lowering)."""
     main, _, report = compile_mlp(CPU_4, **HIERARCHICAL)
@@ -187,7 +187,22 @@ def test_hierarchical_on_cpu_runs_every_level_on_ring_0_emulating_the_node_and_c
                                                              "inter_ring": 2}
 
 
-def test_hierarchical_warm_up_lowers_the_cross_node_all_reduce_inside_its_branch():
+def test_hierarchical_on_cpu_runs_the_node_and_cross_node_levels_on_their_own_gloo_groups():
+    """Rank 3 of 2 nodes x 2: the node's reduce-scatter and all-gather on {2,3}, the pairs'
+    all-gathers between node leaders' positions on {1,3}; only the dense bucket stays on ring 0."""
+    main, _, report = compile_mlp(CPU_4, **HIERARCHICAL)
+    assert [(op.name(), op.attrs().get("comm_key"), program_edit.int_attr(op, program_edit.EMULATES))
+            for op in program_edit.walk(main.global_block()) if op.has_attr("ring_id")] == [
+        ("pd_op.all_reduce_", None, None),
+        ("custom_op.fleetlite_group_reduce_scatter", "fleetlite/0/2.3", 1),
+        ("custom_op.fleetlite_group_all_gather", "fleetlite/0/1.3", 2),
+        ("custom_op.fleetlite_group_all_gather", "fleetlite/0/1.3", 2),
+        ("custom_op.fleetlite_group_all_gather", "fleetlite/0/2.3", 1)]
+    assert report.record("gloo_lowering").details["communicators"] == [("fleetlite/0/2.3", [2, 3]),
+                                                                       ("fleetlite/0/1.3", [1, 3])]
+
+
+def test_hierarchical_warm_up_lowers_the_cross_node_all_reduce_inside_its_branch(no_group_ops):
     main, _, _ = compile_mlp(CPU_4, topk_configs={**HIERARCHICAL["topk_configs"], "warmup_steps": 3})
     branch = next(op for op in main.global_block().ops if op.name() == "pd_op.if"
                   and any(o.has_attr("ring_id") for o in list(op.blocks())[0].ops))
@@ -270,7 +285,7 @@ def test_the_invariant_rejects_a_scatter_add_of_values_that_were_not_gathered(fi
     context = SimpleNamespace(topology=CPU_4, reduced=True, gradient_scale=1 / 4, gradients=gradients, rings=rings)
     invariants.check_gradients_reduced_once(context)
     scatter = next(op for op in main.global_block().ops if op.name() == "pd_op.scatter_nd_add")
-    values = next(op for op in main.global_block().ops if op.name() == "pd_op.all_gather").operand_source(0)
+    values = next(op for op in main.global_block().ops if op.name() in invariants.GATHERING).operand_source(0)
     scatter.operands()[2].set_source(values)
     with pytest.raises(CompileError, match=f"gradient of linear_0.w_0 is summed over {summed_over} ranks on its way "
                                            f"to the optimizer, expected 4"):
