@@ -64,12 +64,13 @@ import paddle
 from paddle.pir.core import create_persistable_value
 
 from fleetlite.compile import gradient_buckets
-from fleetlite.compression import sparse_exchange, topk_select as topk
+from fleetlite.compression import mstopk_kernel, sparse_exchange, topk_select as topk
 from fleetlite.compile.report import human_bytes
 from fleetlite.errors import StrategyConflictError
 from fleetlite.compile.ring_table import INTER, INTRA
 from fleetlite.compression.sparse_exchange import INDEX_BYTES, IN_ORDER
 from fleetlite.compile.pass_contract import Pass, PassResult, Phase
+from fleetlite.strategies.fuse_all_reduce import MiB, plan_buckets
 from fleetlite.strategies.hierarchical_allreduce import check_node_groups, intra_size
 
 RESIDUAL_SUFFIX = "@GRAD@TOPK_RESIDUAL"
@@ -126,7 +127,7 @@ class TopkExchange(Pass):
     requires = ("data_parallel",)
     reads = ("topk", "topk_configs.density", "topk_configs.warmup_steps", "topk_configs.bisection_iterations",
              "topk_configs.error_feedback", "topk_configs.hierarchical", "topk_configs.min_numel",
-             "hierarchical_allreduce_inter_nranks")
+             "hierarchical_allreduce_inter_nranks", "fuse_grad_size_in_MB")
 
     def apply(self, context):
         configs = self.strategy.topk_configs
@@ -142,11 +143,24 @@ class TopkExchange(Pass):
             context.runtime_flags[IN_ORDER] = True
         levels = Levels.register(self.strategy, context.topology, context.rings) if configs.hierarchical else None
         exchange = _Exchange(context, configs, self.strategy.fp16_allreduce, step, levels)
-        rows = [exchange.emit(i) for i in taken]
-        return self._result(context, configs, rows, levels)
+        refusal = bucket_refusal(context, configs, levels)
+        bucketed = [] if refusal else [i for i in taken if _in_a_bucket(context, context.gradients[i])]
+        if not refusal and len(bucketed) < len(taken):
+            refusal = "gradients made inside a branch (gradient merge) or read by more than the exchange"
+        buckets = plan_buckets([g.nbytes for g in context.gradients], [g.dtype for g in context.gradients],
+                               self.strategy.fuse_grad_size_in_MB * MiB, 0, 0) if bucketed else []
+        buckets = [[i for i in bucket if i in bucketed] for bucket in buckets]
+        buckets = [bucket for bucket in buckets if bucket]
+        rows = {}
+        for number, bucket in enumerate(buckets):
+            rows.update(zip(bucket, _BucketExchange(context, configs, self.strategy.fp16_allreduce).emit(bucket)))
+            for i in bucket:
+                rows[i]["bucket"] = number
+        rows.update((i, exchange.emit(i)) for i in taken if i not in rows)
+        return self._result(context, configs, [rows[i] for i in taken], levels, len(buckets), refusal)
 
     @staticmethod
-    def _result(context, configs, rows, levels):
+    def _result(context, configs, rows, levels, buckets, refusal):
         sent = sum(row["sent"] for row in rows)
         total = sum(row["numel"] for row in rows)
         sparse_bytes = sum(row["wire_bytes"] for row in rows)
@@ -157,20 +171,82 @@ class TopkExchange(Pass):
         warmup = f", {configs.warmup_steps} warm-up steps ramping from dense" if configs.warmup_steps else ""
         selected = f"density {sent / total:.4g}: {sent} of {total} elements"
         if levels is None:
-            how = (f"{len(rows)} gradients as top-k ({selected}; {human_bytes(sparse_bytes)} per rank per step "
+            layout = f" in {buckets} buckets, one selection and one exchange each" if buckets else ""
+            how = (f"{len(rows)} gradients as top-k{layout} ({selected}; {human_bytes(sparse_bytes)} per rank per step "
                    f"instead of {human_bytes(taken_dense_bytes)})")
         else:
             how = (f"{len(rows)} gradients as hierarchical top-k ({levels.nodes} nodes x {levels.size} ranks; "
                    f"{selected} per node; between nodes {human_bytes(sparse_bytes)} per rank per step instead of "
                    f"{human_bytes(taken_dense_bytes)}, inside the node {human_bytes(intra_bytes)})")
-        details = {"gradients": rows, "achieved_density": sent / total, "sparse_bytes_per_step": sparse_bytes,
-                   "dense_bytes_per_step": dense_bytes, "bytes_per_step": sparse_bytes + intra_bytes + dense_bytes}
+        if refusal and context.topology.device == "cpu":    # on GPUs one by one is the design, not a fallback
+            how += f", {'the others' if buckets else 'each'} one by one ({refusal})"
+        details = {"gradients": rows, "buckets": buckets, "one_by_one": refusal, "achieved_density": sent / total,
+                   "sparse_bytes_per_step": sparse_bytes, "dense_bytes_per_step": dense_bytes, "bytes_per_step": sparse_bytes + intra_bytes + dense_bytes}
         if levels is not None:
             details.update({"hierarchical": {"ranks_per_node": levels.size, "nodes": levels.nodes,
                                              "intra_ring": levels.intra, "inter_ring": levels.inter},
                             "inter_node_bytes_per_step": sparse_bytes, "intra_node_bytes_per_step": intra_bytes})
         return PassResult(f"{how}, {feedback}{warmup}; {len(context.buckets)} dense ({human_bytes(dense_bytes)})",
                           details)
+
+
+def bucket_refusal(context, configs, levels):
+    """Why the taken gradients cannot go in buckets (fused selection and exchange), or None."""
+    if context.topology.device != "cpu":
+        return "the bucket kernels are CPU code"
+    if levels is not None:
+        return "hierarchical top-k exchanges each gradient on its node's rings"
+    if configs.warmup_steps:
+        return "warm-up branches per gradient"
+    if context.loss_scaling is not None:
+        return "loss scaling unscales and checks each gradient"
+    error = mstopk_kernel.load_error()
+    return f"the bucket kernels cannot be built here ({error})" if error else None
+
+
+def _in_a_bucket(context, grad):
+    """Whether the bucket ops may read `grad` and then overwrite it with its reduced value: made at the
+    top level (not in gradient merge's branch) and read by nothing else."""
+    producer = grad.grad.get_defining_op()
+    return producer.id() in {op.id() for op in context.block.ops} and not grad.grad.all_used_ops()
+
+
+class _BucketExchange:
+    """Builds one bucket's exchange: each gradient's top-k in one op, one all-gather of the bucket's pairs,
+    and one op that overwrites each gradient with its reduced value (see the module doc)."""
+
+    def __init__(self, context, configs, fp16_wire):
+        self.context, self.configs, self.fp16_wire = context, configs, fp16_wire
+
+    def emit(self, members):
+        context, configs = self.context, self.configs
+        grads = [context.gradients[i] for i in members]
+        numels = [math.prod(g.grad.shape) for g in grads]
+        ks = [fraction_sent(configs.density, n) for n in numels]
+        strides, targets = zip(*(topk.sampling(n, k) for n, k in zip(numels, ks)))
+        names = [g.name for g in grads]
+        residuals = None
+        if configs.error_feedback:
+            with context.edit():
+                residuals = [create_persistable_value(g.grad.dtype, [n], g.name + RESIDUAL_SUFFIX,
+                                                      initializer=paddle.nn.initializer.Constant(0.0))
+                             for g, n in zip(grads, numels)]
+        last = max((g.grad.get_defining_op() for g in grads), key=gradient_buckets.position_in(context.block))
+        world = context.topology.world_size
+        with context.edit(after=last):
+            values, indices = mstopk_kernel.select_bucket(
+                [g.grad for g in grads], ks, list(strides), list(targets), configs.bisection_iterations, names,
+                residuals, self.fp16_wire)[:2]
+            gathered, positions, _ = sparse_exchange.gather_pairs(values, indices, 0, world,
+                                                                   "float16" if self.fp16_wire else None)
+            scale = 1.0 if context.gradient_scale is None else context.gradient_scale
+            for grad, reduced in zip(grads, mstopk_kernel.scatter_bucket([g.grad for g in grads], gathered,
+                                                                         positions, scale)):
+                grad.synced = reduced
+        value_bytes = 2 if self.fp16_wire else grads[0].grad.element_size()
+        return [{"gradient": g.name, "numel": n, "k": k, "sent": k, "dense_bytes": g.nbytes,
+                 "wire_bytes": k * (value_bytes + INDEX_BYTES) if world > 1 else 0}
+                for g, n, k in zip(grads, numels, ks)]
 
 
 class _Exchange:
