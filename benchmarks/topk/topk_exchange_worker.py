@@ -7,7 +7,8 @@ EXCHANGE names an entry of topk_contenders.EXCHANGES; LAYERS the MLP's widths, c
 (input first, 10 classes last); BATCH the rows per rank. Each rank trains on its own fixed random
 batch (the gradients differ between ranks, as in training). A step is one training step; "info"
 answers the bytes per step this rank should send (the exchange's formula; null when it has none)
-and the parameter count.
+and the parameter count. A `one_by_one` contender replaces the topk pass's bucket_refusal, so its
+program exchanges each gradient on its own (the path before CPU buckets), for a side-by-side measure.
 """
 import sys
 
@@ -16,6 +17,7 @@ import paddle
 
 import fleetlite as fleet
 from benchmarks.topk.topk_contenders import exchange
+from fleetlite.strategies import topk_exchange
 from benchmarks.harness.worker_loop import serve
 
 
@@ -37,6 +39,8 @@ def main(name, layers, batch):
     paddle.enable_static()
     fleet.init(is_collective=True)
     contender = exchange(name)
+    if contender.one_by_one:
+        topk_exchange.bucket_refusal = lambda *_: "measured one by one (benchmarks/topk one_by_one)"
     widths = [int(w) for w in layers.split(",")]
     main_program, startup, loss, report = build(widths, contender.strategy())
     exe = paddle.static.Executor(paddle.CPUPlace())
