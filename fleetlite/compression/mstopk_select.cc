@@ -43,16 +43,24 @@ inline T Magnitude(T v) {
   return std::isnan(v) ? std::numeric_limits<T>::infinity() : std::abs(v);
 }
 
+// Error feedback's accumulation rides on the selection's passes: where `add` is given, the
+// selection is of x + add, the sample reads x[i] + add[i], and the full pass writes x[i] += add[i]
+// just before testing it (one pass over the gradient and the residual instead of two).
+template <typename T>
+inline T Summed(const T* x, const T* add, int64_t i) {
+  return add == nullptr ? x[i] : x[i] + add[i];
+}
+
 // Where fleetlite.compression.topk_select.sampled_threshold's bisection ends, from the target-th largest magnitude
 // of the strided sample (its docstring derives the closed form).
 template <typename T>
-T SampledThreshold(const T* x, int64_t n, int64_t stride, int64_t target, int64_t iterations) {
+T SampledThreshold(const T* x, const T* add, int64_t n, int64_t stride, int64_t target, int64_t iterations) {
   std::vector<T> sample;
   sample.reserve((n + stride - 1) / stride);
   double sum = 0;
   T high = 0;
   for (int64_t i = 0; i < n; i += stride) {
-    const T a = Magnitude(x[i]);
+    const T a = Magnitude(Summed(x, add, i));
     sample.push_back(a);
     sum += a;
     high = std::max(high, a);
@@ -81,9 +89,10 @@ struct Candidate {
 // Every element with |x| >= threshold, every NaN included: !(|x| < t) is true for NaN. Blocks
 // of kBlock elements are first counted with a branch-free (vectorized) loop and scanned only when
 // one of them passes, which few do. The magnitudes travel with the indices, so the trim reads no
-// more of x (random reads of a large x cost a cache miss each).
+// more of x (random reads of a large x cost a cache miss each). With `add`, x += add first, block
+// by block (x is then the caller's own buffer: a residual).
 template <typename T>
-std::vector<Candidate<T>> AtLeast(const T* x, int64_t n, T threshold, int64_t expected) {
+std::vector<Candidate<T>> AtLeast(T* x, const T* add, int64_t n, T threshold, int64_t expected) {
   constexpr int64_t kBlock = 32;
   std::vector<Candidate<T>> found;
   found.reserve(expected);
@@ -94,19 +103,26 @@ std::vector<Candidate<T>> AtLeast(const T* x, int64_t n, T threshold, int64_t ex
   };
   int64_t start = 0;
   for (; start + kBlock <= n; start += kBlock) {
+    if (add != nullptr) {
+      for (int64_t i = start; i < start + kBlock; ++i) x[i] += add[i];
+    }
     int below = 0;
     for (int64_t i = start; i < start + kBlock; ++i) below += std::abs(x[i]) < threshold;
     if (below != kBlock) scan(start, start + kBlock);
+  }
+  if (add != nullptr) {
+    for (int64_t i = start; i < n; ++i) x[i] += add[i];
   }
   scan(start, n);
   return found;
 }
 
-// The k elements of largest |x|, in descending |x| order (equal magnitudes by ascending index).
+// The k elements of largest |x| (with `add`: of x += add, see Summed), in descending |x| order
+// (equal magnitudes by ascending index). x is written only with `add`.
 template <typename T>
-std::vector<Candidate<T>> TopK(const T* x, int64_t n, int64_t k, int64_t stride, int64_t target,
+std::vector<Candidate<T>> TopK(T* x, const T* add, int64_t n, int64_t k, int64_t stride, int64_t target,
                                int64_t iterations) {
-  auto survivors = AtLeast(x, n, SampledThreshold(x, n, stride, target, iterations), 2 * k);
+  auto survivors = AtLeast(x, add, n, SampledThreshold(x, add, n, stride, target, iterations), 2 * k);
   if (static_cast<int64_t>(survivors.size()) < k) {
     // An unlucky sample: the exact k-th largest magnitude as the threshold lets k or more through.
     std::vector<T> magnitudes(n);
@@ -114,7 +130,7 @@ std::vector<Candidate<T>> TopK(const T* x, int64_t n, int64_t k, int64_t stride,
     std::nth_element(magnitudes.begin(), magnitudes.begin() + (k - 1), magnitudes.end(), std::greater<T>());
     const T kth = magnitudes[k - 1];
     std::vector<T>().swap(magnitudes);
-    survivors = AtLeast(x, n, kth, k);
+    survivors = AtLeast<T>(x, nullptr, n, kth, k);    // x holds the sum by now
   }
   std::nth_element(survivors.begin(), survivors.begin() + (k - 1), survivors.end());
   survivors.resize(k);
@@ -125,7 +141,7 @@ std::vector<Candidate<T>> TopK(const T* x, int64_t n, int64_t k, int64_t stride,
 template <typename T>
 void Select(const T* x, int64_t n, int64_t k, int64_t stride, int64_t target, int64_t iterations,
             T* values, int64_t* indices) {
-  const auto chosen = TopK(x, n, k, stride, target, iterations);
+  const auto chosen = TopK<T>(const_cast<T*>(x), nullptr, n, k, stride, target, iterations);
   for (int64_t j = 0; j < k; ++j) {
     indices[j] = chosen[j].index;
     values[j] = x[chosen[j].index];
@@ -157,14 +173,13 @@ void SelectBucket(const std::vector<paddle::Tensor>& grads, std::vector<paddle::
     const int64_t n = grad->numel(), k = plan.ks[j];
     PD_CHECK(k >= 1 && k <= n, "fleetlite top-k bucket select: k must be in [1, numel] for ", plan.names[j]);
     T* x = grad->data<T>();
+    const T* add = nullptr;
     if (residuals != nullptr) {
       auto residual = Dense((*residuals)[j]);
       PD_CHECK(residual->numel() == n, "fleetlite top-k bucket select: the residual of ", plan.names[j],
                " has ", residual->numel(), " elements, its gradient ", n);
-      T* r = residual->data<T>();
-      const T* g = x;
-      for (int64_t i = 0; i < n; ++i) r[i] += g[i];
-      x = r;
+      add = x;
+      x = residual->data<T>();
     }
     auto place = [&](int64_t i) {
       values[written] = x[i];
@@ -176,9 +191,12 @@ void SelectBucket(const std::vector<paddle::Tensor>& grads, std::vector<paddle::
     };
     const int64_t first = written;
     if (k == n) {
-      for (int64_t i = 0; i < n; ++i) place(i);
+      for (int64_t i = 0; i < n; ++i) {
+        if (add != nullptr) x[i] += add[i];
+        place(i);
+      }
     } else {
-      for (const auto& chosen : TopK<T>(x, n, k, plan.strides[j], plan.targets[j], plan.iterations)) {
+      for (const auto& chosen : TopK<T>(x, add, n, k, plan.strides[j], plan.targets[j], plan.iterations)) {
         place(chosen.index);
       }
     }
