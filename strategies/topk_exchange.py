@@ -1,7 +1,8 @@
 """topk: send only the largest elements of each large gradient, keep the rest for later steps.
 
 An alternative to data_parallel's all-reduce for the gradients it takes: every float32/float64
-gradient with at least `topk_configs.min_numel` elements. Per taken gradient g (n elements,
+gradient with at least `topk_configs.min_numel` elements. One by one (on GPUs; hierarchical, with
+warm-up or loss scaling; without the compiled kernels), per taken gradient g (n elements,
 k = ceil(density * n)), right where backward produces it:
 
     acc      = flatten(g) + residual           (residual: persistable, zeros in the startup program)
@@ -10,6 +11,24 @@ k = ceil(density * n)), right where backward produces it:
     reduced  = scatter_nd_add(zeros(n), I, V) * 1/W    (sums the ranks' contributions by index)
     residual = acc with the sent entries zeroed         (error feedback: nothing is ever lost)
 
+On CPU (the compiled kernels loaded; one level, no warm-up, no loss scaling) the taken gradients
+go in buckets instead (fuse_all_reduce's plan: by dtype, in ready order, up to
+fuse_grad_size_in_MB), each exchanged by three ops right after its last gradient is ready:
+
+    V, I, residuals  = bucket_select(gradients, residuals)   one op: per gradient, residual += g in
+                       place and its own k = ceil(density * n) largest of the sum (MSTopK), the sent
+                       entries zeroed in the residual; V, I: all of them back to back, I int32
+                       offsets in the bucket (the gradients laid end to end)
+    V, I             = all_gather(V), all_gather(I)           one exchange for the bucket, on ring 0
+    gradients        = bucket_scatter(gradients, V, I) * 1/W  in place: zeros, plus the pairs in rank order
+
+The selection is each gradient's own top-k (Fleet's density of each gradient, the same pairs and
+the same sums as one by one), only fused: no flattened copy, no fresh accumulator, no dense zeros
+tensor, no scatter copy of the residual and no write-back, and two collectives per bucket instead of
+per gradient. The scatter overwrites the gradient's own memory, so a bucket takes only gradients
+made at the top level that nothing else reads (gradient merge's copies qualify: the update branch
+moves the bucket's ops with them); any other goes one by one, and the report says which path ran
+and why.
 Without error feedback there is no residual (the unsent part is dropped). With fp16_allreduce the
 values travel as float16 (the indices stay int32) and the residual keeps what float16 rounding
 lost. Every rank adds the gathered pairs in the same order, so all ranks hold bit-identical
@@ -146,7 +165,7 @@ class TopkExchange(Pass):
         refusal = bucket_refusal(context, configs, levels)
         bucketed = [] if refusal else [i for i in taken if _in_a_bucket(context, context.gradients[i])]
         if not refusal and len(bucketed) < len(taken):
-            refusal = "gradients made inside a branch (gradient merge) or read by more than the exchange"
+            refusal = "gradients made inside a branch or read by more than the exchange"
         buckets = plan_buckets([g.nbytes for g in context.gradients], [g.dtype for g in context.gradients],
                                self.strategy.fuse_grad_size_in_MB * MiB, 0, 0) if bucketed else []
         buckets = [[i for i in bucket if i in bucketed] for bucket in buckets]

@@ -8,8 +8,9 @@ broke it instead of as wrong numbers many steps later.
   each path must multiply the group sizes of its sums to the world size). Only paths of
   floating-point values count: indices, masks and conditions place values, they are not summed
   (a top-k exchange selects by them). A sum is an all-reduce or reduce-scatter, or a
-  scatter-add (pd_op.scatter_nd_add, or the top-k bucket scatter) of values all-gathered over a ring (sparse exchange: each rank's pairs, added by
-  index, sum over that ring's group); an all-gather alone only concatenates. Through a
+  scatter-add (pd_op.scatter_nd_add, or the top-k bucket scatter, which also scales) of values
+  all-gathered over a ring (sparse exchange: each rank's pairs, added by index, sum over that
+  ring's group); an all-gather alone only concatenates. Through a
   `pd_op.if`, every branch's yielded value must pass;
 - on CPU, from the lowering on, the program only uses what gloo runs correctly (`check_gloo`);
 - every persistable value has a name (`check_persistables_named`): Paddle's save, load and
