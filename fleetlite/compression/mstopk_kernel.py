@@ -31,7 +31,7 @@ def select(flat, k, stride, target, iterations):
 
 def select_bucket(grads, ks, strides, targets, iterations, names, residuals=None, wire_float16=False):
     """(values, int32 bucket offsets) of each gradient's top-k in one op; with `residuals` (error
-    feedback, in place) also the residuals as the op left them (see mstopk_select.cc)."""
+    feedback, in place) followed by the residuals as the op left them (see mstopk_select.cc)."""
     if residuals is None:
         return tuple(paddle._C_ops._run_custom_op(BUCKET_SELECT, list(grads), ks, strides, targets, iterations, names))
     return tuple(paddle._C_ops._run_custom_op(BUCKET_SELECT_ACCUMULATED, list(grads), list(residuals), ks, strides,
