@@ -163,20 +163,22 @@ class TopkExchange(Pass):
         levels = Levels.register(self.strategy, context.topology, context.rings) if configs.hierarchical else None
         exchange = _Exchange(context, configs, self.strategy.fp16_allreduce, step, levels)
         refusal = bucket_refusal(context, configs, levels)
-        bucketed = [] if refusal else [i for i in taken if _in_a_bucket(context, context.gradients[i])]
-        if not refusal and len(bucketed) < len(taken):
-            refusal = "gradients made inside a branch or read by more than the exchange"
-        buckets = plan_buckets([g.nbytes for g in context.gradients], [g.dtype for g in context.gradients],
-                               self.strategy.fuse_grad_size_in_MB * MiB, 0, 0) if bucketed else []
-        buckets = [[i for i in bucket if i in bucketed] for bucket in buckets]
-        buckets = [bucket for bucket in buckets if bucket]
+        buckets, refusal = ([], refusal) if refusal else self._buckets(context, taken)
         rows = {}
         for number, bucket in enumerate(buckets):
-            rows.update(zip(bucket, _BucketExchange(context, configs, self.strategy.fp16_allreduce).emit(bucket)))
-            for i in bucket:
-                rows[i]["bucket"] = number
+            for i, row in zip(bucket, _BucketExchange(context, configs, self.strategy.fp16_allreduce).emit(bucket)):
+                rows[i] = {**row, "bucket": number}
         rows.update((i, exchange.emit(i)) for i in taken if i not in rows)
         return self._result(context, configs, [rows[i] for i in taken], levels, len(buckets), refusal)
+
+    def _buckets(self, context, taken):
+        """(buckets of the taken gradients that may go in one, as fuse_all_reduce plans them; why the
+        others cannot, or None)."""
+        fits = [i for i in taken if _in_a_bucket(context, context.gradients[i])]
+        plan = plan_buckets([context.gradients[i].nbytes for i in fits], [context.gradients[i].dtype for i in fits],
+                            self.strategy.fuse_grad_size_in_MB * MiB, 0, 0)
+        why = None if len(fits) == len(taken) else "gradients made inside a branch or read by more than the exchange"
+        return [[fits[j] for j in bucket] for bucket in plan], why
 
     @staticmethod
     def _result(context, configs, rows, levels, buckets, refusal):
@@ -191,8 +193,8 @@ class TopkExchange(Pass):
         selected = f"density {sent / total:.4g}: {sent} of {total} elements"
         if levels is None:
             layout = f" in {buckets} buckets, one selection and one exchange each" if buckets else ""
-            how = (f"{len(rows)} gradients as top-k{layout} ({selected}; {human_bytes(sparse_bytes)} per rank per step "
-                   f"instead of {human_bytes(taken_dense_bytes)})")
+            how = (f"{len(rows)} gradients as top-k{layout} ({selected}; {human_bytes(sparse_bytes)} per rank per "
+                   f"step instead of {human_bytes(taken_dense_bytes)})")
         else:
             how = (f"{len(rows)} gradients as hierarchical top-k ({levels.nodes} nodes x {levels.size} ranks; "
                    f"{selected} per node; between nodes {human_bytes(sparse_bytes)} per rank per step instead of "
@@ -200,7 +202,8 @@ class TopkExchange(Pass):
         if refusal and context.topology.device == "cpu":    # on GPUs one by one is the design, not a fallback
             how += f", {'the others' if buckets else 'each'} one by one ({refusal})"
         details = {"gradients": rows, "buckets": buckets, "one_by_one": refusal, "achieved_density": sent / total,
-                   "sparse_bytes_per_step": sparse_bytes, "dense_bytes_per_step": dense_bytes, "bytes_per_step": sparse_bytes + intra_bytes + dense_bytes}
+                   "sparse_bytes_per_step": sparse_bytes, "dense_bytes_per_step": dense_bytes,
+                   "bytes_per_step": sparse_bytes + intra_bytes + dense_bytes}
         if levels is not None:
             details.update({"hierarchical": {"ranks_per_node": levels.size, "nodes": levels.nodes,
                                              "intra_ring": levels.intra, "inter_ring": levels.inter},
@@ -225,7 +228,7 @@ def bucket_refusal(context, configs, levels):
 
 def _in_a_bucket(context, grad):
     """Whether the bucket ops may read `grad` and then overwrite it with its reduced value: made at the
-    top level (not in gradient merge's branch) and read by nothing else."""
+    top level (the ops go right after it) and read by nothing else."""
     producer = grad.grad.get_defining_op()
     return producer.id() in {op.id() for op in context.block.ops} and not grad.grad.all_used_ops()
 

@@ -1,9 +1,11 @@
-"""The compiled MSTopK selection (mstopk_select.cc) for CPU tensors, and the top-k exchange's bucket ops: built once, cached, loaded
-(fleetlite.compile.kernel_library). Where it cannot be built, `load_error()` says why, once as a
-one-line warning, and fleetlite.topk runs its Paddle-op composition instead, as it does on GPUs.
+"""The compiled MSTopK selection (mstopk_select.cc) for CPU tensors, and the top-k exchange's
+bucket ops: built once, cached, loaded (fleetlite.compile.kernel_library). Where they cannot be
+built, `load_error()` says why, once as a one-line warning, and fleetlite.topk runs its Paddle-op
+composition instead, as it does on GPUs (and the topk pass exchanges gradients one by one).
 
-Once loaded, `select` (one tensor), `select_bucket` and `scatter_bucket` build the ops: run eagerly on an eager tensor, or appended to the PIR
-program being built (custom_op.fleetlite_mstopk), which Paddle's executor runs like any other.
+Once loaded, `select` (one tensor), `select_bucket` and `scatter_bucket` build the ops: run eagerly
+on eager tensors, or appended to the PIR program being built (custom_op.fleetlite_mstopk and the
+bucket ops), which Paddle's executor runs like any other.
 """
 import os
 
