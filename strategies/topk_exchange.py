@@ -11,7 +11,8 @@ k = ceil(density * n)), right where backward produces it:
     reduced  = scatter_nd_add(zeros(n), I, V) * 1/W    (sums the ranks' contributions by index)
     residual = acc with the sent entries zeroed         (error feedback: nothing is ever lost)
 
-On CPU (the compiled kernels loaded; one level, no warm-up, no loss scaling) the taken gradients
+On CPU (the compiled kernels loaded; one level, no warm-up, no loss scaling; with error feedback
+not under Paddle 3.3's N-step plan, fleetlite.paddle_compat.steps_plan) the taken gradients
 go in buckets instead (fuse_all_reduce's plan: by dtype, in ready order, up to
 fuse_grad_size_in_MB), each exchanged by three ops right after its last gradient is ready:
 
@@ -89,6 +90,7 @@ from fleetlite.errors import StrategyConflictError
 from fleetlite.compile.ring_table import INTER, INTRA
 from fleetlite.compression.sparse_exchange import INDEX_BYTES, IN_ORDER
 from fleetlite.compile.pass_contract import Pass, PassResult, Phase
+from fleetlite.paddle_compat import steps_plan
 from fleetlite.strategies.fuse_all_reduce import MiB, plan_buckets
 from fleetlite.strategies.hierarchical_allreduce import check_node_groups, intra_size
 
@@ -222,6 +224,9 @@ def bucket_refusal(context, configs, levels):
         return "warm-up branches per gradient"
     if context.loss_scaling is not None:
         return "loss scaling unscales and checks each gradient"
+    if configs.error_feedback and not steps_plan.custom_ops_read_named_persistables(
+            context.strategy.execution_strategy.num_iteration_per_run):
+        return "Paddle's N-step plan (execution_strategy.num_iteration_per_run) cannot feed the residuals to its op"
     error = mstopk_kernel.load_error()
     return f"the bucket kernels cannot be built here ({error})" if error else None
 

@@ -96,6 +96,12 @@ def test_buckets_follow_fuse_grad_size_in_mb_one_selection_op_each(size_in_mb, b
     assert names.count(BUCKET_SELECT[2]) == names.count(BUCKET_SCATTER[1]) == buckets[-1] + 1
 
 
+def test_under_paddles_n_step_plan_the_residuals_cannot_feed_the_bucket_op_so_gradients_go_one_by_one():
+    main, _, report = compile_mlp(execution_strategy={"num_iteration_per_run": 2})
+    assert BUCKET_SELECT[2] not in [op.name() for op in main.global_block().ops]
+    assert "each one by one (Paddle's N-step plan" in report.record("topk").summary
+
+
 def test_on_gpu_each_gradient_is_exchanged_on_its_own_with_paddle_ops():
     main, _, report = compile_mlp(GPU_32)
     assert sequence(main, "topk") == (RESIDUAL + FINITE_FLAG + ACCUMULATE + CHECK_FINITE + EXACT_TOP_K + GATHER
