@@ -148,7 +148,7 @@ class TopkExchange(Pass):
     requires = ("data_parallel",)
     reads = ("topk", "topk_configs.density", "topk_configs.warmup_steps", "topk_configs.bisection_iterations",
              "topk_configs.error_feedback", "topk_configs.hierarchical", "topk_configs.min_numel",
-             "hierarchical_allreduce_inter_nranks", "fuse_grad_size_in_MB")
+             "hierarchical_allreduce_inter_nranks")
 
     def apply(self, context):
         configs = self.strategy.topk_configs
