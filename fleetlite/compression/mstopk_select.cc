@@ -217,13 +217,14 @@ void ScatterBucket(std::vector<paddle::Tensor>& grads, const T* values, const in
   for (auto& grad : grads) {
     auto dense = Dense(grad);
     std::memset(dense->data<T>(), 0, dense->numel() * sizeof(T));
-    slots.push_back(dense->data<T>() - end);      // slots[j][i] is bucket offset i
+    slots.push_back(dense->data<T>());
     end += dense->numel();
     ends.push_back(end);
   }
   auto element = [&](int32_t i) -> T& {
     PD_CHECK(i >= 0 && i < end, "fleetlite_topk_bucket_scatter: offset ", i, " outside the bucket of ", end);
-    return slots[std::upper_bound(ends.begin(), ends.end(), static_cast<int64_t>(i)) - ends.begin()][i];
+    const auto j = std::upper_bound(ends.begin(), ends.end(), static_cast<int64_t>(i)) - ends.begin();
+    return slots[j][i - (ends[j] - grads[j].numel())];
   };
   for (int64_t p = 0; p < pairs; ++p) element(indices[p]) += values[p];
   if (scale == 1.0f) return;
