@@ -1,7 +1,8 @@
 """topk: send only the largest elements of each large gradient, keep the rest for later steps.
 
 An alternative to data_parallel's all-reduce for the gradients it takes: every float32/float64
-gradient with at least `topk_configs.min_numel` elements. Per taken gradient g (n elements,
+gradient with at least `topk_configs.min_numel` elements. One by one (on GPUs; hierarchical, with
+warm-up or loss scaling; without the compiled kernels), per taken gradient g (n elements,
 k = ceil(density * n)), right where backward produces it:
 
     acc      = flatten(g) + residual           (residual: persistable, zeros in the startup program)
@@ -10,6 +11,25 @@ k = ceil(density * n)), right where backward produces it:
     reduced  = scatter_nd_add(zeros(n), I, V) * 1/W    (sums the ranks' contributions by index)
     residual = acc with the sent entries zeroed         (error feedback: nothing is ever lost)
 
+On CPU (the compiled kernels loaded; one level, no warm-up, no loss scaling; with error feedback
+not under Paddle 3.3's N-step plan, fleetlite.paddle_compat.steps_plan) the taken gradients
+go in buckets instead (fuse_all_reduce's plan: by dtype, in ready order, up to
+fuse_grad_size_in_MB), each exchanged by three ops right after its last gradient is ready:
+
+    V, I, residuals  = bucket_select(gradients, residuals)   one op: per gradient, residual += g in
+                       place and its own k = ceil(density * n) largest of the sum (MSTopK), the sent
+                       entries zeroed in the residual; V, I: all of them back to back, I int32
+                       offsets in the bucket (the gradients laid end to end)
+    V, I             = all_gather(V), all_gather(I)           one exchange for the bucket, on ring 0
+    gradients        = bucket_scatter(gradients, V, I) * 1/W  in place: zeros, plus the pairs in rank order
+
+The selection is each gradient's own top-k (Fleet's density of each gradient, the same pairs and
+the same sums as one by one), only fused: no flattened copy, no fresh accumulator, no dense zeros
+tensor, no scatter copy of the residual and no write-back, and two collectives per bucket instead of
+per gradient. The scatter overwrites the gradient's own memory, so a bucket takes only gradients
+made at the top level that nothing else reads (gradient merge's copies qualify: the update branch
+moves the bucket's ops with them); any other goes one by one, and the report says which path ran
+and why.
 Without error feedback there is no residual (the unsent part is dropped). With fp16_allreduce the
 values travel as float16 (the indices stay int32) and the residual keeps what float16 rounding
 lost. Every rank adds the gathered pairs in the same order, so all ranks hold bit-identical
@@ -64,12 +84,14 @@ import paddle
 from paddle.pir.core import create_persistable_value
 
 from fleetlite.compile import gradient_buckets
-from fleetlite.compression import sparse_exchange, topk_select as topk
+from fleetlite.compression import mstopk_kernel, sparse_exchange, topk_select as topk
 from fleetlite.compile.report import human_bytes
 from fleetlite.errors import StrategyConflictError
 from fleetlite.compile.ring_table import INTER, INTRA
 from fleetlite.compression.sparse_exchange import INDEX_BYTES, IN_ORDER
 from fleetlite.compile.pass_contract import Pass, PassResult, Phase
+from fleetlite.paddle_compat import steps_plan
+from fleetlite.strategies.fuse_all_reduce import MiB, plan_buckets
 from fleetlite.strategies.hierarchical_allreduce import check_node_groups, intra_size
 
 RESIDUAL_SUFFIX = "@GRAD@TOPK_RESIDUAL"
@@ -142,11 +164,26 @@ class TopkExchange(Pass):
             context.runtime_flags[IN_ORDER] = True
         levels = Levels.register(self.strategy, context.topology, context.rings) if configs.hierarchical else None
         exchange = _Exchange(context, configs, self.strategy.fp16_allreduce, step, levels)
-        rows = [exchange.emit(i) for i in taken]
-        return self._result(context, configs, rows, levels)
+        refusal = bucket_refusal(context, configs, levels)
+        buckets, refusal = ([], refusal) if refusal else self._buckets(context, taken)
+        rows = {}
+        for number, bucket in enumerate(buckets):
+            for i, row in zip(bucket, _BucketExchange(context, configs, self.strategy.fp16_allreduce).emit(bucket)):
+                rows[i] = {**row, "bucket": number}
+        rows.update((i, exchange.emit(i)) for i in taken if i not in rows)
+        return self._result(context, configs, [rows[i] for i in taken], levels, len(buckets), refusal)
+
+    def _buckets(self, context, taken):
+        """(buckets of the taken gradients that may go in one, as fuse_all_reduce plans them; why the
+        others cannot, or None)."""
+        fits = [i for i in taken if _in_a_bucket(context, context.gradients[i])]
+        plan = plan_buckets([context.gradients[i].nbytes for i in fits], [context.gradients[i].dtype for i in fits],
+                            self.strategy.fuse_grad_size_in_MB * MiB, 0, 0)
+        why = None if len(fits) == len(taken) else "gradients made inside a branch or read by more than the exchange"
+        return [[fits[j] for j in bucket] for bucket in plan], why
 
     @staticmethod
-    def _result(context, configs, rows, levels):
+    def _result(context, configs, rows, levels, buckets, refusal):
         sent = sum(row["sent"] for row in rows)
         total = sum(row["numel"] for row in rows)
         sparse_bytes = sum(row["wire_bytes"] for row in rows)
@@ -157,20 +194,86 @@ class TopkExchange(Pass):
         warmup = f", {configs.warmup_steps} warm-up steps ramping from dense" if configs.warmup_steps else ""
         selected = f"density {sent / total:.4g}: {sent} of {total} elements"
         if levels is None:
-            how = (f"{len(rows)} gradients as top-k ({selected}; {human_bytes(sparse_bytes)} per rank per step "
-                   f"instead of {human_bytes(taken_dense_bytes)})")
+            layout = f" in {buckets} buckets, one selection and one exchange each" if buckets else ""
+            how = (f"{len(rows)} gradients as top-k{layout} ({selected}; {human_bytes(sparse_bytes)} per rank per "
+                   f"step instead of {human_bytes(taken_dense_bytes)})")
         else:
             how = (f"{len(rows)} gradients as hierarchical top-k ({levels.nodes} nodes x {levels.size} ranks; "
                    f"{selected} per node; between nodes {human_bytes(sparse_bytes)} per rank per step instead of "
                    f"{human_bytes(taken_dense_bytes)}, inside the node {human_bytes(intra_bytes)})")
-        details = {"gradients": rows, "achieved_density": sent / total, "sparse_bytes_per_step": sparse_bytes,
-                   "dense_bytes_per_step": dense_bytes, "bytes_per_step": sparse_bytes + intra_bytes + dense_bytes}
+        if refusal and context.topology.device == "cpu":    # on GPUs one by one is the design, not a fallback
+            how += f", {'the others' if buckets else 'each'} one by one ({refusal})"
+        details = {"gradients": rows, "buckets": buckets, "one_by_one": refusal, "achieved_density": sent / total,
+                   "sparse_bytes_per_step": sparse_bytes, "dense_bytes_per_step": dense_bytes,
+                   "bytes_per_step": sparse_bytes + intra_bytes + dense_bytes}
         if levels is not None:
             details.update({"hierarchical": {"ranks_per_node": levels.size, "nodes": levels.nodes,
                                              "intra_ring": levels.intra, "inter_ring": levels.inter},
                             "inter_node_bytes_per_step": sparse_bytes, "intra_node_bytes_per_step": intra_bytes})
         return PassResult(f"{how}, {feedback}{warmup}; {len(context.buckets)} dense ({human_bytes(dense_bytes)})",
                           details)
+
+
+def bucket_refusal(context, configs, levels):
+    """Why the taken gradients cannot go in buckets (fused selection and exchange), or None."""
+    if context.topology.device != "cpu":
+        return "the bucket kernels are CPU code"
+    if levels is not None:
+        return "hierarchical top-k exchanges each gradient on its node's rings"
+    if configs.warmup_steps:
+        return "warm-up branches per gradient"
+    if context.loss_scaling is not None:
+        return "loss scaling unscales and checks each gradient"
+    if configs.error_feedback and not steps_plan.custom_ops_read_named_persistables(
+            context.strategy.execution_strategy.num_iteration_per_run):
+        return "Paddle's N-step plan (execution_strategy.num_iteration_per_run) cannot feed the residuals to its op"
+    error = mstopk_kernel.load_error()
+    return f"the bucket kernels cannot be built here ({error})" if error else None
+
+
+def _in_a_bucket(context, grad):
+    """Whether the bucket ops may read `grad` and then overwrite it with its reduced value: made at the
+    top level (the ops go right after it) and read by nothing else."""
+    producer = grad.grad.get_defining_op()
+    return producer.id() in {op.id() for op in context.block.ops} and not grad.grad.all_used_ops()
+
+
+class _BucketExchange:
+    """Builds one bucket's exchange: each gradient's top-k in one op, one all-gather of the bucket's pairs,
+    and one op that overwrites each gradient with its reduced value (see the module doc)."""
+
+    def __init__(self, context, configs, fp16_wire):
+        self.context, self.configs, self.fp16_wire = context, configs, fp16_wire
+
+    def emit(self, members):
+        context, configs = self.context, self.configs
+        grads = [context.gradients[i] for i in members]
+        numels = [math.prod(g.grad.shape) for g in grads]
+        ks = [fraction_sent(configs.density, n) for n in numels]
+        strides, targets = zip(*(topk.sampling(n, k) for n, k in zip(numels, ks)))
+        names = [g.name for g in grads]
+        residuals = None
+        if configs.error_feedback:
+            with context.edit():
+                residuals = [create_persistable_value(g.grad.dtype, [n], g.name + RESIDUAL_SUFFIX,
+                                                      initializer=paddle.nn.initializer.Constant(0.0))
+                             for g, n in zip(grads, numels)]
+        last = max((g.grad.get_defining_op() for g in grads), key=gradient_buckets.position_in(context.block))
+        world = context.topology.world_size
+        with context.edit(after=last):
+            values, indices = mstopk_kernel.select_bucket(
+                [g.grad for g in grads], ks, list(strides), list(targets), configs.bisection_iterations, names,
+                residuals, self.fp16_wire)[:2]
+            gathered, positions, _ = sparse_exchange.gather_pairs(values, indices, 0, world,
+                                                                   "float16" if self.fp16_wire else None)
+            scale = 1.0 if context.gradient_scale is None else context.gradient_scale
+            for grad, reduced in zip(grads, mstopk_kernel.scatter_bucket([g.grad for g in grads], gathered,
+                                                                         positions, scale)):
+                grad.synced = reduced
+        value_bytes = 2 if self.fp16_wire else grads[0].grad.element_size()
+        return [{"gradient": g.name, "numel": n, "k": k, "sent": k, "dense_bytes": g.nbytes,
+                 "wire_bytes": k * (value_bytes + INDEX_BYTES) if world > 1 else 0}
+                for g, n, k in zip(grads, numels, ks)]
 
 
 class _Exchange:

@@ -61,12 +61,16 @@ def local_sgd_bytes(report, world):
 @dataclass(frozen=True)
 class Exchange:
     """`family` and `density` place a sparse exchange on a density sweep (topk_throttled.py finds,
-    per family, the largest density at which it beats dense)."""
+    per family, the largest density at which it beats dense). `one_by_one` measures top-k as it ran
+    before its CPU buckets: each gradient selected and exchanged on its own (the worker makes the
+    topk pass take that path; a measurement switch, not a knob)."""
     name: str
     fields: dict = field(default_factory=dict)
     formula: Optional[Callable] = dense_and_one_level_topk_bytes
     family: Optional[str] = None
     density: Optional[float] = None
+    one_by_one: bool = False
+
 
     def strategy(self, **more):
         """The CPU preset with this exchange's fields, then `more` (e.g. data_configs for a seed)."""
@@ -76,12 +80,11 @@ class Exchange:
         return strategy
 
 
-def topk(density, error_feedback=True, warmup_steps=0):
-    family = "topk" if error_feedback else "topk_no_ef"
-    name = f"topk_{density:g}" + ("" if error_feedback else "_no_ef")
-    return Exchange(name, {"topk": True, "topk_configs": {
+def topk(density, error_feedback=True, warmup_steps=0, one_by_one=False):
+    suffix = ("" if error_feedback else "_no_ef") + ("_one_by_one" if one_by_one else "")
+    return Exchange(f"topk_{density:g}{suffix}", {"topk": True, "topk_configs": {
         "density": density, "error_feedback": error_feedback, "warmup_steps": warmup_steps}},
-        family=family, density=density)
+        family="topk" + suffix, density=density, one_by_one=one_by_one)
 
 
 def hierarchical_topk(density):
@@ -115,6 +118,7 @@ EXCHANGES = {exchange.name: exchange for exchange in [
     DENSE,
     topk(0.1), topk(0.01), topk(0.001),
     topk(0.01, error_feedback=False), topk(0.001, error_feedback=False),
+    topk(0.01, one_by_one=True), topk(0.001, one_by_one=True),
     hierarchical_topk(0.01), hierarchical_allreduce(),
     dgc(0.99), dgc(0.999),
     localsgd(2), localsgd(4),

@@ -1,6 +1,7 @@
 """Benchmark: training-step time on a throttled link, dense all-reduce vs top-k over densities.
 
-    .venv/bin/python -m benchmarks.topk.topk_throttled [--quick] [--rates 100mbit 1gbit unshaped] [--json out.json]
+    .venv/bin/python -m benchmarks.topk.topk_throttled [--quick] [--rates 100mbit 1gbit unshaped] [--cpu-time]
+                                                       [--json out.json]
 
 Needs root and iproute2 (tc's tbf): for each link rate, every exchange (an entry of
 topk_contenders.EXCHANGES; default dense and top-k at 0.1, 0.01, 0.001) trains an MLP on 2 ranks
@@ -9,8 +10,10 @@ full speed). The exchanges of one rate run interleaved, round after round (harne
 sample is the slowest rank's step, after a barrier. Shaping `lo` puts both directions on one link
 of the rate (network_namespace). Per rate the ratios give dense / this step time for each exchange
 and, per family of exchanges swept over densities (topk_contenders), the largest density at which
-it is faster than dense. Where namespaces or tc cannot be
-used, it says why and exits cleanly.
+it is faster than dense. `--cpu-time` samples each step's CPU time instead (the slowest rank's
+process, all threads): what each exchange costs in computation, the part of top-k's step its
+selection, error feedback and scatter make, measurable on a loaded machine where wall times are
+not. Where namespaces or tc cannot be used, it says why and exits cleanly.
 """
 import statistics
 from collections import defaultdict
@@ -26,8 +29,9 @@ QUICK_LAYERS = "256,1024,512,10"
 
 def measure_rate(rate, names, args):
     """{exchange: [round medians]} and the foreign CPU share, every exchange in a namespace shaped to `rate`."""
-    contenders = [(name, ["benchmarks.topk.topk_exchange_worker", exchange(name).name, args.layers, str(args.batch)])
-                  for name in names]
+    clock = "cpu" if args.cpu_time else "wall"
+    contenders = [(name, ["benchmarks.topk.topk_exchange_worker", exchange(name).name, args.layers, str(args.batch),
+                          clock]) for name in names]
     with network_namespace.isolated_groups(contenders, WORLD, None if rate == UNSHAPED else rate) as started:
         groups = [group for group, _ in started]
         load = LoadCheck([p.pid for g in groups for p in g.processes])
@@ -48,6 +52,7 @@ def main():
     parser.add_argument("--exchanges", nargs="+", default=["dense", "topk_0.1", "topk_0.01", "topk_0.001"])
     parser.add_argument("--layers", default="1024,2048,1024,10", help="the MLP's widths, comma-separated")
     parser.add_argument("--batch", type=int, default=32, help="rows per rank")
+    parser.add_argument("--cpu-time", action="store_true", help="sample each step's CPU time instead of its wall time")
     parser.add_argument("--quick", action="store_true",
                         help=f"a {QUICK_LAYERS} MLP at 100mbit, dense against top-k 0.01 and 0.001 (< 1 minute)")
     args = parser.parse_args()
@@ -81,7 +86,7 @@ def main():
                 families[exchange(name).family][exchange(name).density] = median
         for family, sweep in families.items():
             ratios[f"{rate}_{family}_faster_from_density"] = crossover(sweep, dense)
-    print_table(f"Training step on a shaped loopback, {WORLD} ranks, MLP {args.layers}, batch {args.batch} per "
+    print_table(f"Training step ({'CPU' if args.cpu_time else 'wall'} time) on a shaped loopback, {WORLD} ranks, MLP {args.layers}, batch {args.batch} per "
                 f"rank, {args.rounds} rounds; foreign CPU load per rate "
                 + ", ".join(f"{rate} {share:.0%}" for rate, share in foreign.items()), rows,
                 [("rate", "link", "{}"), ("exchange", "exchange", "{}"), ("median_ms", "median ms", "{:.1f}"),

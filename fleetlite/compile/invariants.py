@@ -8,8 +8,9 @@ broke it instead of as wrong numbers many steps later.
   each path must multiply the group sizes of its sums to the world size). Only paths of
   floating-point values count: indices, masks and conditions place values, they are not summed
   (a top-k exchange selects by them). A sum is an all-reduce or reduce-scatter, or a
-  scatter-add of values all-gathered over a ring (sparse exchange: each rank's pairs, added by
-  index, sum over that ring's group); an all-gather alone only concatenates. Through a
+  scatter-add (pd_op.scatter_nd_add, or the top-k bucket scatter, which also scales) of values
+  all-gathered over a ring (sparse exchange: each rank's pairs, added by index, sum over that
+  ring's group); an all-gather alone only concatenates. Through a
   `pd_op.if`, every branch's yielded value must pass;
 - on CPU, from the lowering on, the program only uses what gloo runs correctly (`check_gloo`);
 - every persistable value has a name (`check_persistables_named`): Paddle's save, load and
@@ -30,6 +31,7 @@ GATHERING = ("pd_op.all_gather", f"custom_op.{group_collectives.ALL_GATHER}")
 SCATTER_ADD = "pd_op.scatter_nd_add"
 SCALING = ("pd_op.scale", "pd_op.scale_")
 PACK, ALIAS = "custom_op.fleetlite_bucket_pack_", "custom_op.fleetlite_bucket_alias_"   # fleetlite.compile.bucket_views
+TOPK_SCATTER = "custom_op.fleetlite_topk_bucket_scatter_"   # fleetlite.compression.mstopk_kernel.scatter_bucket
 SUM, AVG = 0, 4   # reduce_types: the one that sums (max/min/prod do not), the one gloo rejects
 
 
@@ -111,6 +113,8 @@ def _value_sources(op, result):
         sources = [block.ops[-1].operand_source(result.index()) for block in op.blocks()]
     elif op.name() == ALIAS:       # its outputs are slots of the reduced buffer; the gradients only place them
         sources = [op.operand_source(0)]
+    elif op.name() == TOPK_SCATTER:    # it overwrites the gradients with the sum of the gathered values
+        sources = [op.operand_source(1)]
     else:
         sources = op.operands_source()
     return [source for source in sources if source.initialized() and _is_float(source)]
@@ -128,9 +132,10 @@ def _effect(op, rings):
     if op.name() in SUMMING and op.attrs().get("reduce_type", SUM) == SUM:
         ring = program_edit.int_attr(op, program_edit.EMULATES, program_edit.int_attr(op, "ring_id"))
         return rings[ring].group_size, 1.0
-    if op.name() == SCATTER_ADD:
-        ring = _gathered_over(op.operand_source(2))
-        return (1, 1.0) if ring is None else (rings[ring].group_size, 1.0)
+    if op.name() in (SCATTER_ADD, TOPK_SCATTER):
+        ring = _gathered_over(op.operand_source(2 if op.name() == SCATTER_ADD else 1))
+        scale = op.attrs()["scale"] if op.name() == TOPK_SCATTER else 1.0
+        return (1, scale) if ring is None else (rings[ring].group_size, scale)
     if op.name() in SCALING:
         return 1, op.operand_source(1).get_defining_op().attrs()["value"]
     if op.name() == PACK:

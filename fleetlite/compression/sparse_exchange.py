@@ -1,5 +1,6 @@
 """What the sparse gradient exchanges (strategies/topk_exchange.py, strategies/dgc.py) build the same way.
 
+- `gather_pairs`: every rank's selected (values, indices) all-gathered on a ring, in rank order.
 - `gather_and_scatter_add`: every rank's selected (values, indices) all-gathered on a ring (ring 0
   for the world) and added by index into a dense tensor. Each rank adds the gathered pairs in the
   same (rank) order, so all ranks hold bit-identical sums; indices travel as int32.
@@ -55,15 +56,22 @@ def gather_and_scatter_add(values, indices, numel, ring, ranks, wire_dtype=None)
     """(sum over the `ranks` ranks of `ring` of their (values, indices) as a dense [numel] tensor,
     unscaled; the values as this rank put them on the wire). `wire_dtype` (e.g. float16) casts the
     values for the all-gather and back. A ring of one rank gathers nothing."""
+    gathered, positions, wire = gather_pairs(values, indices, ring, ranks, wire_dtype)
+    summed = paddle.scatter_nd_add(paddle.zeros([numel], values.dtype), paddle.reshape(positions, [-1, 1]), gathered)
+    return summed, wire
+
+
+def gather_pairs(values, indices, ring, ranks, wire_dtype=None):
+    """(every rank's values in rank order, back in `values`' dtype; their int32 indices; the values
+    as this rank put them on the wire), all-gathered over the `ranks` ranks of `ring`."""
     wire = values if wire_dtype is None else paddle.cast(values, wire_dtype)
-    gathered, positions = wire, paddle.cast(indices, "int32")
+    gathered, positions = wire, indices if indices.dtype == paddle.int32 else paddle.cast(indices, "int32")
     if ranks > 1:
         gathered = paddle._C_ops.all_gather(gathered, ring, ranks)
         positions = paddle._C_ops.all_gather(positions, ring, ranks)
     if wire_dtype is not None:
         gathered = paddle.cast(gathered, values.dtype)
-    summed = paddle.scatter_nd_add(paddle.zeros([numel], values.dtype), paddle.reshape(positions, [-1, 1]), gathered)
-    return summed, wire
+    return gathered, positions, wire
 
 
 def step_counter(context, gradients, name):

@@ -93,6 +93,15 @@ def sample_target(numel, k, stride):
     return min(sampled, int(math.ceil(hits + MARGIN_SIGMAS * math.sqrt(hits))) + 1)
 
 
+def sampling(numel, k):
+    """(stride, target) of MSTopK's sample for the top-k of `numel` elements; (1, k) where the
+    exact top-k runs (at most MIN_SAMPLED elements): the whole tensor is the sample."""
+    if numel <= MIN_SAMPLED:
+        return 1, k
+    stride = sample_stride(numel, k)
+    return stride, sample_target(numel, k, stride)
+
+
 def _call(kernel, x, k):
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
@@ -132,8 +141,7 @@ def _mstopk(flat, n, k, iterations, name, implementation):
     if n <= MIN_SAMPLED:
         _check_finite(flat, name)
         return _exact(flat, k)
-    stride = sample_stride(n, k)
-    target = sample_target(n, k, stride)
+    stride, target = sampling(n, k)
     if _takes_kernel(flat, implementation):
         values, indices = mstopk_kernel.select(flat, k, stride, target, iterations)
         _check_finite(values, name)

@@ -182,6 +182,41 @@ def test_the_static_program_runs_the_same_kernel_with_the_same_result(implementa
         paddle.disable_static()
 
 
+def test_the_bucket_ops_select_each_gradients_own_top_k_keep_the_rest_and_scatter_in_rank_order():
+    """The topk pass's CPU bucket path, eagerly: a sampled and an exact-sized gradient with their residuals,
+    a float16 wire (the residual keeps the rounding); then two ranks' pairs scattered back, scaled by 1/2."""
+    assert mstopk_kernel.load_error() is None
+    shapes, ks = [(400, 500), (3000,)], [200, 30]
+    grads = [RNG.standard_normal(s).astype("float32") for s in shapes]
+    residuals = [RNG.standard_normal(int(np.prod(s))).astype("float32") for s in shapes]
+    sampling = [topk.sampling(g.size, k) for g, k in zip(grads, ks)]
+    tensors = [paddle.to_tensor(r) for r in residuals]
+    values, offsets = mstopk_kernel.select_bucket(
+        [paddle.to_tensor(g) for g in grads], ks, [s for s, _ in sampling], [t for _, t in sampling], 20, ["a", "b"],
+        tensors, wire_float16=True)[:2]
+    expected, start = [], 0
+    for g, r, k, left in zip(grads, residuals, ks, tensors):
+        acc = g.reshape(-1) + r
+        chosen = np.argsort(-np.abs(acc), kind="stable")[:k]
+        expected.append(start + chosen)
+        acc[chosen] -= acc[chosen].astype(np.float16).astype(np.float32)
+        np.testing.assert_array_equal(left.numpy(), acc)
+        start += g.size
+    np.testing.assert_array_equal(offsets.numpy(), np.concatenate(expected))
+    assert offsets.dtype == paddle.int32
+    pairs = (paddle.concat([values, -2 * values]), paddle.concat([offsets, offsets]))
+    reduced = mstopk_kernel.scatter_bucket([paddle.to_tensor(g) for g in grads], *pairs, 0.5)
+    summed = np.zeros(start, np.float32)
+    np.add.at(summed, offsets.numpy(), values.numpy())
+    np.add.at(summed, offsets.numpy(), -2 * values.numpy())
+    np.testing.assert_array_equal(np.concatenate([r.numpy().reshape(-1) for r in reduced]), summed * np.float32(0.5))
+    assert [list(r.shape) for r in reduced] == [list(s) for s in shapes]
+    grads[1][7] = np.nan
+    with pytest.raises(Exception, match="top-k selection of the gradient of b: it holds inf or NaN"):
+        mstopk_kernel.select_bucket([paddle.to_tensor(g) for g in grads], ks, [s for s, _ in sampling],
+                                    [t for _, t in sampling], 20, ["a", "b"])
+
+
 def test_the_kernel_orders_equal_magnitudes_by_index():
     x = np.tile(np.array([1.0, -3.0, 3.0, 2.0], "float32"), SAMPLED // 4)
     values, indices = topk.mstopk(x, 1000, implementation="kernel")

@@ -43,6 +43,12 @@ KEEP_UNSENT = ["subtract", "scatter"]
 SCALE = ["full", "scale_"]
 WRITE_RESIDUAL = ["assign_out_"]
 RESHAPE = ["full_int_array", "reshape"]
+# the CPU bucket path: every gradient of a bucket selected by one op (reading them, and their residuals in place),
+# the bucket's pairs gathered once, one op overwriting each gradient with its reduced value
+BUCKET_SELECT = ["builtin.combine", "builtin.combine", "custom_op.fleetlite_topk_bucket_select_accumulated_",
+                 "builtin.split"]
+BUCKET_GATHER = ["all_gather", "all_gather"]
+BUCKET_SCATTER = ["builtin.combine", "custom_op.fleetlite_topk_bucket_scatter_", "builtin.split"]
 HIERARCHICAL = {"topk": True, "topk_configs": {"density": 0.05, "min_numel": 1000, "hierarchical": True}}
 
 
@@ -62,25 +68,52 @@ def compile_mlp(topology=CPU_4, **fields):
     return main, startup, built.report
 
 
-def test_one_gradient_is_exchanged_as_top_k_with_error_feedback_and_the_rest_stays_dense():
+def test_on_cpu_a_bucket_is_selected_gathered_and_scattered_by_one_op_each_with_error_feedback_in_place():
     main, _, report = compile_mlp()
-    assert sequence(main, "topk") == (RESIDUAL + FINITE_FLAG + ACCUMULATE + CHECK_FINITE + EXACT_TOP_K + GATHER
-                                      + SCATTER_ADD + SCALE + KEEP_UNSENT + WRITE_RESIDUAL + RESHAPE)
+    assert sequence(main, "topk") == RESIDUAL + BUCKET_SELECT + BUCKET_GATHER + BUCKET_SCATTER
     gathers = [op for op in main.global_block().ops if op.name() == "pd_op.all_gather"]
     assert [(op.operand_source(0).dtype, program_edit.int_attr(op, "ring_id"), op.attrs()["nranks"])
             for op in gathers] == [(paddle.float32, 0, 4), (paddle.int32, 0, 4)]
+    scatter = next(op for op in main.global_block().ops if op.name() == BUCKET_SCATTER[1])
+    assert scatter.attrs()["scale"] == 0.25
     assert [b["gradients"] for b in report.buckets] == [["linear_1.b_0", "linear_1.w_0", "linear_0.b_0"]]
     record = report.record("topk")
-    assert record.summary == ("1 gradients as top-k (density 0.05029: 103 of 2048 elements; 824 B per rank per "
-                              "step instead of 8.0 KiB), error feedback; 3 dense (1.4 KiB)")
+    assert record.summary == ("1 gradients as top-k in 1 buckets, one selection and one exchange each (density "
+                              "0.05029: 103 of 2048 elements; 824 B per rank per step instead of 8.0 KiB), error "
+                              "feedback; 3 dense (1.4 KiB)")
     assert record.details["bytes_per_step"] == 103 * 8 + (10 + 320 + 32) * 4
     assert report.applied == ["data_parallel", "topk", "fuse_all_reduce_ops", "gloo_lowering", "copy_free_buckets"]
     assert [b["path"] for b in report.buckets] == ["copy-free"]     # the dense rest
 
 
-@pytest.mark.parametrize("topology, kernel_ops", [(CPU_4, 1), (GPU_32, 0)], ids=["cpu", "gpu"])
-def test_the_compiled_kernel_selects_only_in_programs_built_for_cpus(topology, kernel_ops):
-    """A 25,600-element gradient takes MSTopK's sampled path: on CPUs the compiled operator; a
+@pytest.mark.parametrize("size_in_mb, buckets", [(32, [0, 0, 0, 0]), (0, [0, 1, 2, 3])])
+def test_buckets_follow_fuse_grad_size_in_mb_one_selection_op_each(size_in_mb, buckets):
+    """min_numel 1 takes all 4 gradients (in ready order): one bucket within 32 MiB, one each at 0."""
+    main, _, report = compile_mlp(topk_configs={"density": 0.05, "min_numel": 1}, fuse_grad_size_in_MB=size_in_mb)
+    details = report.record("topk").details
+    assert [row["bucket"] for row in details["gradients"]] == buckets and details["buckets"] == buckets[-1] + 1
+    names = [op.name() for op in main.global_block().ops]
+    assert names.count(BUCKET_SELECT[2]) == names.count(BUCKET_SCATTER[1]) == buckets[-1] + 1
+
+
+def test_under_paddles_n_step_plan_the_residuals_cannot_feed_the_bucket_op_so_gradients_go_one_by_one():
+    main, _, report = compile_mlp(execution_strategy={"num_iteration_per_run": 2})
+    assert BUCKET_SELECT[2] not in [op.name() for op in main.global_block().ops]
+    assert "each one by one (Paddle's N-step plan" in report.record("topk").summary
+
+
+def test_on_gpu_each_gradient_is_exchanged_on_its_own_with_paddle_ops():
+    main, _, report = compile_mlp(GPU_32)
+    assert sequence(main, "topk") == (RESIDUAL + FINITE_FLAG + ACCUMULATE + CHECK_FINITE + EXACT_TOP_K + GATHER
+                                      + SCATTER_ADD + SCALE + KEEP_UNSENT + WRITE_RESIDUAL + RESHAPE)
+    record = report.record("topk")
+    assert record.summary.startswith("1 gradients as top-k (density 0.05029: 103 of 2048 elements; 824 B per rank")
+    assert record.details["buckets"] == 0 and record.details["one_by_one"] == "the bucket kernels are CPU code"
+
+
+@pytest.mark.parametrize("topology, kernel_op", [(CPU_4, BUCKET_SELECT[2]), (GPU_32, None)], ids=["cpu", "gpu"])
+def test_the_compiled_kernel_selects_only_in_programs_built_for_cpus(topology, kernel_op):
+    """A 25,600-element gradient takes MSTopK's sampled path: on CPUs the compiled bucket operator; a
     program for GPUs gets the Paddle-op composition even when a CPU machine builds it."""
     paddle.enable_static()
     main, startup = paddle.static.Program(), paddle.static.Program()
@@ -89,17 +122,18 @@ def test_the_compiled_kernel_selects_only_in_programs_built_for_cpus(topology, k
         training_program.build(paddle.mean(paddle.nn.Linear(64, 400)(x)), paddle.optimizer.SGD(0.1),
                                strategy(**TOPK), topology, startup)
     names = [op.name() for op in program_edit.walk(main.global_block())]
-    assert names.count("custom_op.fleetlite_mstopk") == kernel_ops
-    assert ("pd_op.nonzero" in names) == (kernel_ops == 0)
+    assert names.count(BUCKET_SELECT[2]) == (kernel_op is not None)
+    assert ("pd_op.nonzero" in names) == (kernel_op is None)
 
 
-def test_the_residual_is_persistable_zero_at_start_and_written_back_each_step():
+def test_the_residual_is_persistable_zero_at_start_and_written_in_place_each_step():
     main, startup, _ = compile_mlp()
     name = "linear_0.w_0" + RESIDUAL_SUFFIX
     residual = next(op for op in main.global_block().ops if op.name() == "pd_op.data" and op.attrs()["name"] == name)
     assert residual.attrs()["persistable"] == [True]
-    writes = [op for op in residual.result(0).all_used_ops() if op.name() == "pd_op.assign_out_"]
-    assert len(writes) == 1
+    combined = residual.result(0).all_used_ops()
+    assert [op.name() for op in combined] == ["builtin.combine"]
+    assert [op.name() for op in combined[0].result(0).all_used_ops()] == [BUCKET_SELECT[2]]
     initialised = {op.attrs()["output_name"]: op.operand_source(0).get_defining_op()
                    for op in startup.global_block().ops if op.name() == "builtin.shadow_output"}
     assert initialised[name].name() == "pd_op.full" and initialised[name].attrs()["value"] == 0
@@ -107,13 +141,15 @@ def test_the_residual_is_persistable_zero_at_start_and_written_back_each_step():
 
 def test_without_error_feedback_there_is_no_residual():
     main, _, report = compile_mlp(topk_configs={**TOPK["topk_configs"], "error_feedback": False})
-    assert sequence(main, "topk") == (FINITE_FLAG + RESHAPE + CHECK_FINITE + EXACT_TOP_K + GATHER + SCATTER_ADD
-                                      + SCALE + RESHAPE)
+    assert sequence(main, "topk") == (["builtin.combine", "custom_op.fleetlite_topk_bucket_select"]
+                                      + BUCKET_GATHER + BUCKET_SCATTER)
     assert "no error feedback" in report.record("topk").summary
 
 
 def test_fp16_allreduce_puts_float16_values_on_the_wire_and_keeps_the_rounding_in_the_residual():
     main, _, report = compile_mlp(fp16_allreduce=True)
+    select = next(op for op in main.global_block().ops if op.name() == BUCKET_SELECT[2])
+    assert select.attrs()["wire_float16"] is True
     values = next(op for op in main.global_block().ops if op.name() == "pd_op.all_gather")
     assert values.operand_source(0).dtype == paddle.float16
     assert report.record("topk").details["sparse_bytes_per_step"] == 103 * 6
@@ -284,9 +320,9 @@ def test_the_invariant_rejects_a_scatter_add_of_values_that_were_not_gathered(fi
     Levels.register(strategy(**fields), CPU_4, rings)     # the node and cross-node rings the program emulates
     context = SimpleNamespace(topology=CPU_4, reduced=True, gradient_scale=1 / 4, gradients=gradients, rings=rings)
     invariants.check_gradients_reduced_once(context)
-    scatter = next(op for op in main.global_block().ops if op.name() == "pd_op.scatter_nd_add")
+    scatter = next(op for op in main.global_block().ops if op.name() in ("pd_op.scatter_nd_add", BUCKET_SCATTER[1]))
     values = next(op for op in main.global_block().ops if op.name() in invariants.GATHERING).operand_source(0)
-    scatter.operands()[2].set_source(values)
+    scatter.operands()[2 if scatter.name() == "pd_op.scatter_nd_add" else 1].set_source(values)
     with pytest.raises(CompileError, match=f"gradient of linear_0.w_0 is summed over {summed_over} ranks on its way "
                                            f"to the optimizer, expected 4"):
         invariants.check_gradients_reduced_once(context)
@@ -402,7 +438,8 @@ def test_every_rank_applies_the_same_reduced_gradients_and_ends_with_the_same_pa
 @pytest.mark.parametrize("case, fp16", [("ef", False), ("no_ef", False), ("fp16", True)])
 def test_each_step_equals_the_numpy_reference_of_the_exchange(ranks, case, fp16):
     assert ranks[0][case]["topk"]["achieved_density"] == pytest.approx((192 + 30) / (19200 + 3000))
-    assert ranks[0][case]["kernel_ops"] == 1      # linear_0.w_0's selection: the compiled kernel
+    assert ranks[0][case]["kernel_ops"] == 1      # one compiled selection for the bucket of both gradients
+    assert ranks[0][case]["topk"]["buckets"] == 1
     for name in TAKEN:
         for step in range(STEPS):
             raw, before, after, reduced = step_values(ranks, case, step, name)

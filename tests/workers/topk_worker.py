@@ -1,8 +1,8 @@
 """Train a digits MLP with the top-k exchange, one case after another, and hand back what the
 NumPy reference needs: per step this rank's raw gradients, the reduced gradients every rank
 applies, and the residuals after the step (hierarchical: this rank's share); the parameters at
-the end; and how many of the program's ops are the compiled MSTopK kernel. Rank r of N trains on
-rows (N * step + r) * ROWS onwards.
+the end; and how many of the program's ops are compiled MSTopK selections (one per gradient or
+per bucket). Rank r of N trains on rows (N * step + r) * ROWS onwards.
 
 Usage: topk_worker.py CASES_JSON
 The raw gradients come from a second program (the same model, so the same parameter names, with
@@ -65,7 +65,9 @@ def train(fields, x_all, y_all):
                           "reduced": {n: v.tolist() for n, v in zip(names, fetched[1:])}, "residual": residuals})
         params = {n: np.array(scope.find_var(n).get_tensor()).tolist() for n in names}
     record = report.record("topk")
-    kernels = [op for op in program_edit.walk(main.global_block()) if op.name() == "custom_op." + mstopk_kernel.OP_NAME]
+    selections = {"custom_op." + name for name in (mstopk_kernel.OP_NAME, mstopk_kernel.BUCKET_SELECT,
+                                                   mstopk_kernel.BUCKET_SELECT_ACCUMULATED + "_")}
+    kernels = [op for op in program_edit.walk(main.global_block()) if op.name() in selections]
     return {"steps": steps, "initial": initial, "params": params, "topk": record.details,
             "applied": report.applied, "kernel_ops": len(kernels)}
 
