@@ -6,11 +6,13 @@ STAMP := $(VENV)/.fleetlite-installed
 PYTEST_ARGS ?=
 # Paddle installs a `fleetrun` command of its own; reinstalling fleetlite last makes it ours.
 CLAIM_FLEETRUN := $(PY) -m pip install -q --no-deps --force-reinstall -e .
-# The compiled CPU kernels (MSTopK, the copy-free bucket views) build on first use; building them
+# The compiled CPU kernels (MSTopK, the copy-free bucket views, the sub-group collectives, the
+# timeline's timestamps) build on first use; building them
 # here keeps that out of the tests' time (without a C++ compiler: a warning each, and the Paddle-op
 # and concat/split paths run).
-BUILD_KERNELS := $(PY) -c 'from fleetlite.compression import mstopk_kernel; from fleetlite.compile import bucket_views; \
-	mstopk_kernel.load_error(); bucket_views.load_error()'
+BUILD_KERNELS := $(PY) -c 'from fleetlite.compression import mstopk_kernel; \
+	from fleetlite.compile import bucket_views, group_collectives, step_stamps; \
+	mstopk_kernel.load_error(); bucket_views.load_error(); group_collectives.load_error(); step_stamps.load_error()'
 
 .PHONY: install test demo proto docs bench clean
 
