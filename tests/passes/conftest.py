@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from support.multiprocess import run_jobs
+from support.multiprocess import run_with_oracles
 
 NUMERICS_WORKER = Path(__file__).resolve().parents[1] / "workers" / "numerics_worker.py"
 NUMERICS_WORLD = 2
@@ -23,8 +23,5 @@ def numerics(request):
     for module in {item.module for item in request.session.items if item.module is not None}:
         for name, scenario in getattr(module, "NUMERICS_SCENARIOS", {}).items():
             assert scenarios.setdefault(name, scenario) == scenario, f"two modules define scenario {name} differently"
-    args = [NUMERICS_WORLD, json.dumps(scenarios)]
-    oracle, ranks = run_jobs(dict(script=NUMERICS_WORKER, world_size=1, args=args, timeout=NUMERICS_TIMEOUT_S),
-                             dict(script=NUMERICS_WORKER, world_size=NUMERICS_WORLD, args=args,
-                                  timeout=NUMERICS_TIMEOUT_S))
-    return oracle[0], ranks
+    return run_with_oracles(NUMERICS_WORKER, {NUMERICS_WORLD: 1}, lambda world: [world, json.dumps(scenarios)],
+                            NUMERICS_TIMEOUT_S)[NUMERICS_WORLD]

@@ -24,7 +24,7 @@ import pytest
 
 from fleetlite import DistributedStrategy
 from fleetlite.strategies import REGISTRY
-from support.multiprocess import run_jobs
+from support.multiprocess import run_with_oracles
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "knob_pairs_worker.py"
 # The shared fixture's four jobs take ~2 minutes on a quiet 2-core machine; pytest-timeout
@@ -84,13 +84,9 @@ JOBS = {2: (1, {n: ab for n, ab in PAIRS.items() if not NEEDS_TWO_NODES & set(ab
 @pytest.fixture(scope="module")
 def trained():
     """{world: (oracle results, [results of each rank])} for the pairs of that job."""
-    jobs = []
-    for world, (nodes, pairs) in JOBS.items():
-        args = [world, json.dumps({name: combine(*ab) for name, ab in pairs.items()})]
-        jobs += [dict(script=WORKER, world_size=1, args=args, timeout=JOB_TIMEOUT_S),
-                 dict(script=WORKER, world_size=world, node_count=nodes, args=args, timeout=JOB_TIMEOUT_S)]
-    results = iter(run_jobs(*jobs))
-    return {world: (next(results)[0], next(results)) for world in JOBS}
+    def args(world):
+        return [world, json.dumps({name: combine(*ab) for name, ab in JOBS[world][1].items()})]
+    return run_with_oracles(WORKER, {world: nodes for world, (nodes, _) in JOBS.items()}, args, JOB_TIMEOUT_S)
 
 
 def test_every_registered_pass_is_turned_on_by_some_knob():
