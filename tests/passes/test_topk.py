@@ -20,7 +20,7 @@ from fleetlite.compile import compiler, invariants, program_edit
 from fleetlite.runtime import training_program
 from fleetlite.compile.ring_table import RingTable
 from fleetlite.strategies.topk_exchange import RESIDUAL_SUFFIX, Levels
-from support.multiprocess import run_jobs
+from support.multiprocess import run_job
 from support.in_process import strategy
 from support.models import compiled_program, loss
 from workers.topk_worker import LEARNING_RATE, STEPS
@@ -309,22 +309,13 @@ TAKEN = ("linear_0.w_0", "linear_1.w_0")
 
 
 @pytest.fixture(scope="module")
-def jobs():
-    """{"ranks": each rank's results of CASES, "ranks_2x2": of NODES_2X2}: both jobs side by side,
-    done before pytest-timeout's 300 s."""
-    return dict(zip(["ranks", "ranks_2x2"], run_jobs(
-        dict(script=WORKER, world_size=WORLD, args=[json.dumps(CASES)], timeout=280),
-        dict(script=WORKER, world_size=4, node_count=2, args=[json.dumps(NODES_2X2)], timeout=280))))
+def ranks():
+    return run_job(WORKER, WORLD, args=[json.dumps(CASES)], timeout=240)
 
 
 @pytest.fixture(scope="module")
-def ranks(jobs):
-    return jobs["ranks"]
-
-
-@pytest.fixture(scope="module")
-def ranks_2x2(jobs):
-    return jobs["ranks_2x2"]
+def ranks_2x2():
+    return run_job(WORKER, 4, 2, args=[json.dumps(NODES_2X2)], timeout=240)
 
 
 def reference_exchange(accumulated, k, fp16=False, world=None):
