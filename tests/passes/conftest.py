@@ -20,7 +20,7 @@ def numerics(request):
     """(the oracle's {scenario: result}, [each rank's {scenario: result}]) of every scenario named by
     a module with a selected test."""
     scenarios = {}
-    for module in {item.module for item in request.session.items if item.module is not None}:
+    for module in {getattr(item, "module", None) for item in request.session.items} - {None}:
         for name, scenario in getattr(module, "NUMERICS_SCENARIOS", {}).items():
             assert scenarios.setdefault(name, scenario) == scenario, f"two modules define scenario {name} differently"
     return run_with_oracles(NUMERICS_WORKER, {NUMERICS_WORLD: 1}, lambda world: [world, json.dumps(scenarios)],
