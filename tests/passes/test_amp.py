@@ -10,7 +10,6 @@ float32 either way.
 import json
 import os
 import re
-from pathlib import Path
 
 import numpy as np
 import paddle
@@ -21,12 +20,10 @@ from fleetlite import CompileError, DistributedStrategy, StrategyConflictError, 
 from fleetlite.compile import compiler, mixed_precision, program_edit
 from fleetlite.runtime import training_program
 from support.isolated import isolated, run as isolated_run
-from support.multiprocess import run_job
 from support.models import backward_program
 from support import in_process
 from support.models import Mlp, compiled_program
 
-WORKER = Path(__file__).resolve().parents[1] / "workers" / "numerics_worker.py"
 CPU_2, GPU_32 = Topology.grid(2), Topology.grid(32, 4, rank=9, device="gpu")
 RECIPE = {"custom_black_list": ["matmul", "conv2d", "relu", "elementwise_add", "flatten"],
           "custom_white_list": ["pool2d"], "init_loss_scaling": 1024.0, "incr_every_n_steps": 2}
@@ -330,7 +327,7 @@ def test_a_program_that_already_has_backward_cannot_be_cast():
 
 
 # --- real training on 2 ranks ---------------------------------------------------------------
-SCENARIOS = {
+NUMERICS_SCENARIOS = {
     "recipe": {"model": "convbn", "strategy": {"amp": True, "amp_configs": RECIPE}, "optimizer": "momentum",
                "batch_norm_over": "shard"},
     "overflow": {"model": "mlp", "strategy": {"amp": True, "amp_configs": OVERFLOW}, "optimizer": "sgd",
@@ -344,10 +341,8 @@ RUNNING_STATISTICS = ("batch_norm2d_0.w_1", "batch_norm2d_0.w_2")   # per-shard,
 
 
 @pytest.fixture(scope="module")
-def trained():
-    scenarios = json.dumps(SCENARIOS)
-    oracle = run_job(WORKER, 1, args=[2, scenarios], timeout=150)[0]
-    return oracle, run_job(WORKER, 2, args=[2, scenarios], timeout=150)
+def trained(numerics):
+    return numerics
 
 
 def test_float16_recipe_on_2_ranks_trains_like_one_process_on_the_full_batch(trained):

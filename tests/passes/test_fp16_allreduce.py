@@ -10,18 +10,14 @@ rounding only: each step rounds every gradient twice by at most 2^-11 relative, 
 at learning rate 0.1 on gradients below 0.3 move a parameter by at most
 4 * 0.1 * 0.3 * 2^-10 ~= 1.2e-4; the test allows 2e-4 and requires a visible difference.
 """
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fleetlite import DistributedStrategy, Topology
 from fleetlite.compile import invariants, program_edit
-from support.multiprocess import run_job
 from support.models import compiled_program
 
-WORKER = Path(__file__).resolve().parents[1] / "workers" / "numerics_worker.py"
 GPU_32, CPU_2 = Topology.grid(32, 4, rank=9, device="gpu"), Topology.grid(2)
 TWO_BUCKETS = {"fuse_grad_size_in_TFLOPS": 2, "last_comm_group_size_MB": 0}
 ROUNDING_BOUND = 2e-4
@@ -71,15 +67,14 @@ def test_on_cpu_the_float16_sum_is_widened_for_gloo_and_the_report_says_no_bytes
     assert report.record("fp16_allreduce").summary.endswith("on gloo the sum runs in float32: no bytes saved")
 
 
-SCENARIOS = {"fp16_wire": {"model": "mlp", "strategy": {"fp16_allreduce": True, "fuse_all_reduce_ops": False},
-                           "optimizer": "sgd", "batch_norm_over": "shard"}}
+NUMERICS_SCENARIOS = {"fp16_wire": {"model": "mlp", "strategy": {"fp16_allreduce": True, "fuse_all_reduce_ops": False},
+                                    "optimizer": "sgd", "batch_norm_over": "shard"}}
 
 
 @pytest.fixture(scope="module")
-def trained():
-    scenarios = json.dumps(SCENARIOS)
-    oracle = run_job(WORKER, 1, args=[2, scenarios], timeout=150)[0]["fp16_wire"]
-    return oracle, [rank["fp16_wire"] for rank in run_job(WORKER, 2, args=[2, scenarios], timeout=150)]
+def trained(numerics):
+    oracle, ranks = numerics
+    return oracle["fp16_wire"], [rank["fp16_wire"] for rank in ranks]
 
 
 def float16_sum(*buckets):

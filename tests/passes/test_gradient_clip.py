@@ -25,7 +25,7 @@ import pytest
 
 from fleetlite import CompileError, Topology
 from fleetlite.compile import compiler, invariants, program_edit
-from support.multiprocess import run_job
+from support.multiprocess import run_jobs
 from support.models import backward_program
 from workers import clip_worker
 from support.in_process import strategy, train
@@ -89,8 +89,11 @@ GLOBAL_NORM = (["squared_l2_norm"] * 4 + ["builtin.combine", "stack", "full_int_
 def trained():
     """(one-process results, {world: [results of each rank]})."""
     cases = json.dumps({**CASES, **PER_RANK_NORM})
-    oracle = run_job(WORKER, 1, args=[cases], timeout=200)[0]
-    return oracle, {world: run_job(WORKER, world, nodes, args=[cases], timeout=300) for world, nodes in JOBS.items()}
+    # the oracle and both jobs side by side, done before pytest-timeout's 300 s
+    oracle, *ranks = run_jobs(dict(script=WORKER, world_size=1, args=[cases], timeout=280),
+                              *(dict(script=WORKER, world_size=world, node_count=nodes, args=[cases], timeout=280)
+                                for world, nodes in JOBS.items()))
+    return oracle[0], dict(zip(JOBS, ranks))
 
 
 # --- structure -----------------------------------------------------------------------------

@@ -10,10 +10,11 @@ optimizer fusion, op fusion, executor flags, steps per run, cuDNN, AMP, fp16 all
 batch norm), top-k at density 1 (its exchange, numerically dense), pto, dgc, lars, lamb,
 recompute, and localsgd and adaptive_localsgd syncing after every update (see KNOBS);
 `test_every_registered_pass_is_turned_on_by_some_knob` fails when a pass is registered without a
-setting here. All pairs run in three jobs, each building every pair's
+setting here. All pairs run in four jobs, each building every pair's
 program in-process (workers/knob_pairs_worker.py): one 2-process job and its 1-process
 oracle, and, for pairs with hierarchical all-reduce (it needs two nodes), one 4-process job as
-2 nodes x 2 with its oracle. The model is the digits conv net with batch norm, 4 micro-steps.
+2 nodes x 2 with its oracle; the four run side by side (a lone oracle would leave a core idle).
+The model is the digits conv net with batch norm, 4 micro-steps.
 """
 import itertools
 import json
@@ -24,12 +25,13 @@ import pytest
 
 from fleetlite import DistributedStrategy
 from fleetlite.strategies import REGISTRY
-from support.multiprocess import run_job
+from support.multiprocess import run_with_oracles
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "knob_pairs_worker.py"
-# The shared fixture's four jobs take ~2-3 minutes on a quiet 2-core machine; pytest-timeout
-# counts them against the first test, so the module's bound is the sum of the jobs' own bounds.
-pytestmark = pytest.mark.timeout(240 + 300 + 240 + 300)
+# The shared fixture's four jobs take ~2 minutes on a quiet 2-core machine; pytest-timeout
+# counts them against the first test, so the module's bound is a minute above the jobs' own.
+JOB_TIMEOUT_S = 1020
+pytestmark = pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 AMP_ON_CPU = {"custom_black_list": ["matmul", "conv2d", "relu", "elementwise_add", "flatten"],
               "custom_white_list": ["pool2d"], "init_loss_scaling": 1024.0, "incr_every_n_steps": 2}
 KNOBS = {
@@ -91,12 +93,9 @@ JOBS = {2: (1, {n: ab for n, ab in PAIRS.items() if not NEEDS_TWO_NODES & set(ab
 @pytest.fixture(scope="module")
 def trained():
     """{world: (oracle results, [results of each rank])} for the pairs of that job."""
-    runs = {}
-    for world, (nodes, pairs) in JOBS.items():
-        cases = json.dumps({name: combine(*ab) for name, ab in pairs.items()})
-        oracle = run_job(WORKER, 1, args=[world, cases], timeout=240)[0]
-        runs[world] = (oracle, run_job(WORKER, world, nodes, args=[world, cases], timeout=300))
-    return runs
+    def args(world):
+        return [world, json.dumps({name: combine(*ab) for name, ab in JOBS[world][1].items()})]
+    return run_with_oracles(WORKER, {world: nodes for world, (nodes, _) in JOBS.items()}, args, JOB_TIMEOUT_S)
 
 
 def test_every_registered_pass_is_turned_on_by_some_knob():

@@ -3,18 +3,14 @@ gradient with plain ops around one all-reduce each way; 2 real ranks then train 
 process whose batch norm sees the whole batch (losses, parameters and running statistics to
 1e-5), which plain data parallelism does not (the control).
 """
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fleetlite import DistributedStrategy, Topology
 from fleetlite.compile import program_edit
-from support.multiprocess import run_job
 from support.models import compiled_program
 
-WORKER = Path(__file__).resolve().parents[1] / "workers" / "numerics_worker.py"
 TOLERANCE = 1e-5
 
 
@@ -58,15 +54,13 @@ def test_nothing_to_synchronise_is_reported(topology, model, reason):
     assert report.record("sync_batch_norm").reason == reason
 
 
-SCENARIOS = {name: {"model": "convbn", "strategy": {"sync_batch_norm": sync}, "optimizer": "momentum",
-                    "batch_norm_over": "global"} for name, sync in (("synced", True), ("per_shard", False))}
+NUMERICS_SCENARIOS = {name: {"model": "convbn", "strategy": {"sync_batch_norm": sync}, "optimizer": "momentum",
+                             "batch_norm_over": "global"} for name, sync in (("synced", True), ("per_shard", False))}
 
 
 @pytest.fixture(scope="module")
-def trained():
-    scenarios = json.dumps(SCENARIOS)
-    oracle = run_job(WORKER, 1, args=[2, scenarios], timeout=150)[0]
-    return oracle, run_job(WORKER, 2, args=[2, scenarios], timeout=150)
+def trained(numerics):
+    return numerics
 
 
 def largest_gap(oracle, ranks, name):

@@ -595,13 +595,13 @@ def test_with_amp_top_k_selects_unscaled_gradients_and_an_overflow_on_one_rank_l
 
 # ---- fleetrun ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("model, hierarchical, least_accuracy",
-                         [("mlp", False, 0.75), ("conv", False, 0.85), ("mlp", True, 0.75), ("conv", True, 0.85)],
-                         ids=["mlp_one_level", "conv_one_level", "mlp_hierarchical", "conv_hierarchical"])
+@pytest.mark.parametrize("model, hierarchical, least_accuracy", [("mlp", False, 0.75), ("conv", True, 0.85)],
+                         ids=["mlp_one_level", "conv_hierarchical"])
 def test_the_digits_example_trains_with_topk_through_fleetrun(tmp_path, model, hierarchical, least_accuracy):
     """configs/cpu_gloo_topk.yaml as it is, and with topk_configs.hierarchical (2 ranks: one node of 2).
     The MLP has 300 hidden units: its first weight (19,200 elements) takes MSTopK's sampled path,
-    the compiled kernel, in the workers fleetrun starts (one level)."""
+    the compiled kernel, in the workers fleetrun starts (one level). Each model and each level
+    runs once through fleetrun; both levels' numerics are the ranks jobs' above."""
     preset = DistributedStrategy.load(ROOT / "configs" / "cpu_gloo_topk.yaml")
     preset.topk_configs.hierarchical = hierarchical
     preset.save(tmp_path / "strategy.yaml")

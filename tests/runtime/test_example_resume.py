@@ -15,8 +15,9 @@ from pathlib import Path
 from support.multiprocess import FLEETRUN, clean_environment
 
 ROOT = Path(__file__).resolve().parents[2]
-# A small global batch makes each epoch long enough (~180 steps) for the kill to land mid-run.
-EPOCHS, BATCH = 5, 8
+# A small global batch makes each epoch long enough (~180 steps) for the kill to land mid-run; 3
+# epochs leave a checkpoint to resume from and one to end with whichever epoch the kill lands in.
+EPOCHS, BATCH = 3, 8
 RANK_1_PID = re.compile(r"^\s+1\s+127\.0\.0\.1\s+cpu\s+\S+\s+(\d+)\s", re.MULTILINE)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from support.multiprocess import run_job
+from support.multiprocess import run_with_oracles
 from support.models import MODELS
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "parity_worker.py"
@@ -38,11 +38,8 @@ TOLERANCE = 1e-5
 def results():
     """{world: (one-process results, [results of each rank])}, each job run once."""
     strategies = json.dumps({**STRATEGIES, **WRONG_SCALE})
-    runs = {}
-    for world, nodes in JOBS.items():
-        oracle = run_job(WORKER, 1, args=[world, strategies], timeout=150)[0]
-        runs[world] = (oracle, run_job(WORKER, world, nodes, args=[world, strategies], timeout=200))
-    return runs
+    # all four jobs side by side, done before pytest-timeout's 300 s
+    return run_with_oracles(WORKER, JOBS, lambda world: [world, strategies], timeout=280)
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -4,7 +4,9 @@ Each rank gets the environment fleetrun would give it (env_contract.worker_env o
 Topology.grid with a free master port; nodes are 127.0.0.1, 127.0.0.2, ...) plus
 FLEETLITE_RESULT, the path where the worker writes its JSON result. The first rank that
 fails, or the deadline, ends the whole job: every process group is killed and the error
-names the rank with the tail of its log.
+names the rank with the tail of its log. `run_jobs` runs several jobs side by side, and
+`run_with_oracles` each N-rank job next to its 1-process oracle (alone, an oracle leaves a core
+idle).
 """
 import dataclasses
 import json
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fleetlite.topology.env_contract import worker_env
@@ -89,6 +92,28 @@ def run_job(script, world_size, node_count=1, args=(), timeout=120, extra_env=No
                 if process.poll() is None:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
+
+
+def run_jobs(*jobs):
+    """The results of several jobs (each a dict of run_job's arguments) run at once, in the order
+    given; each job keeps its own deadline, and the first job that failed is raised once all
+    have ended."""
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = [pool.submit(run_job, **job) for job in jobs]
+    return [future.result() for future in futures]
+
+
+def run_with_oracles(script, worlds, args, timeout):
+    """{world: (its 1-process oracle's result, [each rank's result])} for `worlds` ({world size: node
+    count}), every job and every oracle side by side; `args(world)` gives a job and its oracle
+    their arguments."""
+    jobs = []
+    for world, nodes in worlds.items():
+        arguments = args(world)
+        jobs += [dict(script=script, world_size=1, args=arguments, timeout=timeout),
+                 dict(script=script, world_size=world, node_count=nodes, args=arguments, timeout=timeout)]
+    results = iter(run_jobs(*jobs))
+    return {world: (next(results)[0], next(results)) for world in worlds}
 
 
 def _wait(processes, folder, timeout):
