@@ -78,10 +78,17 @@ class DistributedStrategy:
         return schema.to_dict(self._proto, present_only)
 
     def non_default(self):
-        """{dotted field: value} for every field whose value differs from the schema default."""
-        defaults = _schema_defaults()
-        current = schema.flatten(self.to_dict(False))
-        return {k: v for k, v in current.items() if defaults.get(k) != v}
+        """{dotted field: value} for every field whose value differs from the schema default.
+        Compiling asks this dozens of times of an unchanged strategy, so the answer is kept until
+        the message's bytes change (any write, through any path, changes them)."""
+        key = self._proto.SerializeToString(deterministic=True)
+        cached = self.__dict__.get("_non_default")
+        if cached is None or cached[0] != key:
+            defaults = _schema_defaults()
+            current = schema.flatten(self.to_dict(False))
+            cached = (key, {k: v for k, v in current.items() if defaults.get(k) != v})
+            object.__setattr__(self, "_non_default", cached)
+        return dict(cached[1])
 
     def diff(self, other):
         """[(dotted field, self's value, other's value)] for every field that differs."""
