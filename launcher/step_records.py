@@ -11,13 +11,11 @@ At the worker's end the bootstrap writes them as one JSON file, owner-only (0600
 a symlink), renamed into place so fleetrun never reads half a file; a worker that is killed
 leaves none, and its summary row is missing.
 """
-import json
-import os
 import time
 from dataclasses import dataclass, field
 from typing import List
 
-from fleetlite.interprocess.private_paths import open_private_file
+from fleetlite.launcher.worker_records import read_record, write_record
 
 
 @dataclass
@@ -65,16 +63,8 @@ class StepRecorder:
 
 
 def write_steps(path, record):
-    partial = f"{path}.partial"
-    fd = open_private_file(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    with os.fdopen(fd, "w") as out:
-        json.dump(record.__dict__, out)
-    os.replace(partial, path)
+    write_record(path, record.__dict__)
 
 
 def read_steps(path):
-    try:
-        with open(path) as source:
-            return StepRecord(**json.load(source))
-    except (FileNotFoundError, ValueError, TypeError):
-        return None
+    return read_record(path, StepRecord)

@@ -19,6 +19,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Optional
 
+from fleetlite.interprocess.private_paths import open_private_file
+
 PROGRESS_RECORD_BYTES = 1024  # fixed width: each update overwrites the last in place
 WHERE_CHARS = 100             # so a record always fits, even with every character escaped
 
@@ -50,21 +52,31 @@ class Progress:
     total_steps: Optional[int] = None    # the number of training steps the script said it runs
 
 
-def write_error(path, exc, traceback_text):
-    record = {"exception": type(exc).__name__, "message": str(exc), "time": time.time(),
-              "traceback": traceback_text}
+def write_record(path, record):
+    """`record` (a JSON dict) into `path`: owner-only, never through a symlink, renamed into place
+    so that a reader sees the whole file or none."""
     partial = f"{path}.partial"
-    with open(partial, "w") as out:
+    with os.fdopen(open_private_file(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as out:
         json.dump(record, out)
     os.replace(partial, path)
 
 
-def read_error(path):
+def read_record(path, kind):
+    """`kind(**record)` of the file `write_record` wrote; None when it is missing or unreadable."""
     try:
         with open(path) as source:
-            return ErrorRecord(**json.load(source))
+            return kind(**json.load(source))
     except (FileNotFoundError, ValueError, TypeError):
         return None
+
+
+def write_error(path, exc, traceback_text):
+    write_record(path, {"exception": type(exc).__name__, "message": str(exc), "time": time.time(),
+                        "traceback": traceback_text})
+
+
+def read_error(path):
+    return read_record(path, ErrorRecord)
 
 
 class ProgressWriter:
