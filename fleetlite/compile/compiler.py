@@ -38,7 +38,7 @@ from fleetlite.compile.report import APPLIED, OFF, SKIPPED, CompileReport, PassR
 from fleetlite.errors import CompileError, FleetliteError
 from fleetlite.strategy import pass_registry
 from fleetlite.strategy.knob_accounting import unclaimed_under_strict
-from fleetlite.compile.pass_contract import (CompileContext, GradientSync, Phase, check_combination, required_skipped,
+from fleetlite.compile.pass_contract import (IN_ORDER, CompileContext, GradientSync, Phase, check_combination, required_skipped,
                                              strict_refusal)
 
 BACKWARD_EXISTS = "it rewrites the forward before backward, and this program already has backward"
@@ -89,6 +89,8 @@ def compile(program, params_grads, strategy, topology, registry=None, loss=None,
     report.runtime_flags = dict(context.runtime_flags)
     if timeline:
         report.step_events = step_events.instrument(program)
+        if report.step_events:     # a span over independent ops (the update) is bracketed only in order
+            report.runtime_flags[IN_ORDER] = True
     return context.gradients, report
 
 

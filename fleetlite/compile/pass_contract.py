@@ -29,6 +29,9 @@ from fleetlite.errors import CompileError, StrategyConflictError
 from fleetlite.compile.ring_table import RingTable
 
 
+# The runtime flag that makes Paddle's executor run a program's ops in program order.
+IN_ORDER = "FLAGS_new_executor_sequential_run"
+
 class Phase(enum.IntEnum):
     FORWARD_REWRITE = 1    # rewrite the forward before backward exists (AMP casts, recompute)
     BACKWARD_REWRITE = 2   # rewrite the gradients before they leave the rank (gradient merge)

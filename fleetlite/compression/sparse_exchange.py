@@ -18,10 +18,10 @@ import paddle
 from paddle.pir.core import create_persistable_value
 
 from fleetlite.compile import gradient_buckets
+from fleetlite.compile.pass_contract import IN_ORDER  # noqa: F401 (the passes' name for it)
 from fleetlite.errors import StrategyConflictError
 from fleetlite.strategy.requested_fields import requested
 
-IN_ORDER = "FLAGS_new_executor_sequential_run"
 INDEX_BYTES = 4    # int32 indices on the wire
 
 
