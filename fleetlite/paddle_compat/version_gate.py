@@ -5,6 +5,8 @@
 fails, Paddle fixed it, and the workaround (with its entry here) can go. The version is read
 from the installed wheel's metadata, so a gate costs no `import paddle`.
 """
+import functools
+
 from fleetlite.paddle_compat import version_check
 
 LAST_NEEDED = {
@@ -34,6 +36,13 @@ def release(version):
 def needed(workaround, versions=None):
     """Whether the installed Paddle (or `versions`, {distribution: version}) needs `workaround`.
     Yes where the release cannot be told (a develop build, none installed)."""
-    releases = [release(v) for v in (version_check.installed_versions() if versions is None else versions).values()]
+    releases = [release(v) for v in (_installed_versions() if versions is None else versions).values()]
     known = [r for r in releases if r is not None]
     return not known or min(known) <= LAST_NEEDED[workaround]
+
+
+@functools.cache
+def _installed_versions():
+    """Read once per process: listing sys.path costs ~0.6 ms, and a gate is asked on hot paths
+    (the sub-group gate before every Executor.run)."""
+    return version_check.installed_versions()

@@ -97,6 +97,6 @@ class RankWatch:
             self._store.set(f"{DONE_PREFIX}{self.rank}", b"1")
             if self.rank == 0:
                 self._thread.join(FINISH_WAIT_S)
-        except OSError:
+        except OSError:     # the store already ended with rank 0: nobody is left to tell
             pass
         self._store.close()
