@@ -98,6 +98,8 @@ def test_it_stops_listening_once_every_rank_has_connected_and_keeps_serving_them
     with pytest.raises(ConnectionRefusedError):
         Client(port)
     ranks[0].send(SET, b"/key", _field(b"value"))
+    ranks[1].send(WAIT, b"/key")                  # as Paddle's client: wait for the key, then get it
+    assert ranks[1].reply() == STOP_WAIT
     assert ranks[1].get(b"/key") == b"value"
 
 
@@ -131,6 +133,8 @@ def test_a_malformed_peer_is_dropped_and_the_others_are_served(store, payload):
     port = store.port
     good, bad = Client(port), Client(port)
     good.send(SET, b"/text", _field(b"not a number"))
+    good.send(CHECK, b"/text")                    # the store has the text before the bad peer speaks
+    assert good.reply() == READY
     bad.socket.sendall(payload)
     assert bad.is_closed_by_store()
     assert good.get(b"/text") == b"not a number"
