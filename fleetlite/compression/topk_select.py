@@ -18,7 +18,7 @@ slower than numpy.argpartition), so here it runs on a strided sample:
    it, `target` being the expected top-k hits plus MARGIN_SIGMAS standard deviations, so the
    full tensor has at least k elements above it except with vanishing probability;
 3. one pass over x lists the elements with |x| >= threshold (and every inf or NaN): about
-   1.3 k survivors;
+   1.9 k survivors;
 4. an exact top-k of the survivors' |x| trims them to exactly k; in the rare case that fewer
    than k survived (an unlucky sample, or many zeros), the exact top-k of x runs instead, so
    the result is always exactly k elements.
@@ -55,7 +55,11 @@ with paddle_noise.importing_paddle():       # a plain `import fleetlite.topk` ma
 
     from fleetlite.compression import mstopk_kernel
 
-SAMPLE_HITS = 128        # expected true top-k elements in the sample
+# Expected true top-k elements in the sample. 32 rather than 128: a 4x smaller sample (its strided
+# reads touch every cache line of a gradient below a stride of 16) halves the CPU kernel's time at
+# density 0.001 (8.8 -> 4.4 ms for a 4.2M-element bucket), for ~1.9 k survivors instead of ~1.3 k;
+# the threshold still sits MARGIN_SIGMAS below the expected k-th value.
+SAMPLE_HITS = 32
 MARGIN_SIGMAS = 5        # how far below the expected k-th value the sampled threshold sits
 CHUNK = 1 << 18          # elements per chunk of the masked pass (1 MiB of float32)
 MIN_SAMPLED = 1 << 14    # up to this many elements a sort is cheaper than MSTopK's ops: exact top-k
