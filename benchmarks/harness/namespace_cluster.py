@@ -32,7 +32,7 @@ from pathlib import Path
 from fleetlite.interprocess import tcp_ports
 from fleetlite.interprocess.process_liveness import process_exists
 from benchmarks.harness import apt_packages
-from benchmarks.harness.network_namespace import _exit_on_terminate, _run
+from benchmarks.harness.network_namespace import _exit_on_terminate, _run, limit_rate
 
 PREFIX = "flmh-"
 SUBNET = "10.213.0"          # 10.213.0.0/24: private, and only inside the cluster's namespaces
@@ -301,6 +301,12 @@ class Cluster:
         """Take the host's link down (its packets are dropped, no connection is reset); `up`
         restores it."""
         _run(["ip", "-n", self.switch, "link", "set", self.hosts[name].port_name, "up" if up else "down"])
+
+    def limit_link(self, name, rate):
+        """What host `name` sends over its link limited to `rate` (tc's units, e.g. 1gbit): with every
+        host limited, each direction of every link between hosts runs at `rate`, the hosts' own
+        loopbacks at full speed."""
+        limit_rate(self.hosts[name].namespace, HOST_INTERFACE, rate)
 
     def sent_bytes(self, name):
         """Bytes host `name` sent over its link so far (counted where it enters the bridge): summed

@@ -70,15 +70,8 @@ class NetworkNamespace:
         _ip("netns", "delete", self.name)
 
     def shape(self, rate):
-        """Limit loopback to `rate` (tc's units: 100mbit, 1gbit) with a token bucket filter.
-
-        The bucket holds at least four loopback packets (tbf drops any packet larger than it) and
-        1/100 s of traffic; the queue holds 0.2 s more, so TCP is slowed down, not dropped."""
-        per_second = rate_bytes(rate)
-        burst = max(4 * LOOPBACK_MTU, per_second // 100)
-        limit = burst + max(per_second // 5, 16 * LOOPBACK_MTU)
-        _run(["tc", "-n", self.name, "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate,
-              "burst", str(burst), "limit", str(limit)])
+        """Limit loopback to `rate` (tc's units: 100mbit, 1gbit), see `limit_rate`."""
+        limit_rate(self.name, "lo", rate)
 
     def command(self, argv):
         """`argv` run inside the namespace (`ip netns exec` keeps the process id)."""
@@ -136,6 +129,19 @@ def remove_stale():
         owner = name[len(PREFIX):].split("-")[0] if name.startswith(PREFIX) else ""
         if owner.isdigit() and not process_exists(int(owner)):
             _ip("netns", "delete", name)
+
+
+def limit_rate(namespace, device, rate):
+    """Limit what `device` of `namespace` sends to `rate` with a token bucket filter.
+
+    The bucket holds at least four 64 KiB packets (tbf drops any packet larger than it; loopback's
+    MTU, and a veth's segmentation-offloaded packets) and 1/100 s of traffic; the queue holds 0.2 s
+    more, so TCP is slowed down, not dropped."""
+    per_second = rate_bytes(rate)
+    burst = max(4 * LOOPBACK_MTU, per_second // 100)
+    limit = burst + max(per_second // 5, 16 * LOOPBACK_MTU)
+    _run(["tc", "-n", namespace, "qdisc", "add", "dev", device, "root", "tbf", "rate", rate,
+          "burst", str(burst), "limit", str(limit)])
 
 
 def rate_bytes(rate):

@@ -95,12 +95,13 @@ def faults(cluster, folder):
 
 class ClusterWorkers(WorkerGroup):
     """A WorkerGroup whose ranks run in the cluster's hosts, `per_host` each, ranks contiguous per
-    host, endpoints at the hosts' addresses (bound by gloo on eth0)."""
+    host, endpoints at the hosts' addresses (bound by gloo on eth0) from `port` on (groups that
+    run side by side need ports `per_host` apart)."""
 
-    def __init__(self, name, argv, cluster, per_host, timeout=600):
+    def __init__(self, name, argv, cluster, per_host, timeout=600, port=WORKER_PORT):
         self.name, self.timeout, self.processes = name, timeout, []
         hosts = list(cluster.hosts.values())
-        endpoints = [f"{host.address}:{WORKER_PORT + local}" for host in hosts for local in range(per_host)]
+        endpoints = [f"{host.address}:{port + local}" for host in hosts for local in range(per_host)]
         for rank, endpoint in enumerate(endpoints):
             topology = Topology(rank=rank, world_size=len(endpoints), local_rank=rank % per_host,
                                 local_size=per_host, node_rank=rank // per_host, node_count=len(hosts),
@@ -112,13 +113,18 @@ class ClusterWorkers(WorkerGroup):
         self.ask({"op": "ready"})
 
 
+def flat_and_two_level(density):
+    """{key: topk_contenders name} of the exchanges compared across nodes: each flat one and its
+    two-level form."""
+    return {"dense": "dense", "hierarchical_allreduce": "hierarchical_allreduce", "topk": f"topk_{density:g}",
+            "hierarchical_topk": f"hierarchical_topk_{density:g}"}
+
+
 def traffic(cluster, layers, density, steps, rounds):
     """{exchange: bytes per step} between hosts and within hosts, median over `rounds` (after one
     warm-up round that absorbs the rendezvous)."""
-    exchanges = {"dense": "dense", "hierarchical_allreduce": "hierarchical_allreduce", "topk": f"topk_{density:g}",
-                 "hierarchical_topk": f"hierarchical_topk_{density:g}"}
     inter, intra = {}, {}
-    for key, name in exchanges.items():
+    for key, name in flat_and_two_level(density).items():
         group = ClusterWorkers(key, ["benchmarks.topk.topk_exchange_worker", exchange(name).name, layers, "32"], cluster,
                                PER_HOST)
         try:

@@ -96,6 +96,18 @@ def test_topk_wire_bytes_driver_counts_what_the_formula_predicts_or_says_why_it_
     assert local["predicted"] == dense["predicted"] / 2 and 1.0 <= local["measured_over_predicted"] < 1.05
 
 
+def test_two_node_steps_driver_times_a_two_level_exchange_beside_its_flat_form_or_says_why_it_cannot(tmp_path):
+    result, report = run_driver(tmp_path, "benchmarks.multihost.two_node_steps", "--pairs", "hierarchical_topk",
+                                "--layers", "64,128,10", "--rate", "100mbit", "--rounds", "1", "--warmup", "0",
+                                "--reps", "1")
+    if "skipped" in report:     # not root, no iproute2 or openssh: the reason is printed, nothing measured
+        assert result.stdout.startswith("skipped: ") and report["skipped"]
+        return
+    assert [row["exchange"] for row in report["rows"]] == ["topk", "hierarchical_topk"]
+    assert all(row["median_ms"] > 0 for row in report["rows"])
+    assert set(report["ratios"]) == {"hierarchical_topk_over_topk"}
+
+
 def test_dygraph_step_driver_reports_both_ratios_and_the_first_call_time(tmp_path):
     result, report = run_driver(tmp_path, "benchmarks.dygraph.dygraph_step", "--models", "mlp", "--rounds", "1", "--warmup", "0",
                                 "--reps", "1")
