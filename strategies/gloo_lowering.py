@@ -102,12 +102,9 @@ class GlooLowering(Pass):
                 result = _group_gather(source, ring, rank, context.topology.world_size)
             else:
                 raise CompileError(f"no gloo lowering for {op.name()} on {ring.kind} ring {ring.ring_id}")
-        bucket = program_edit.int_attr(op, program_edit.BUCKET)
         for created_op in created:
             if program_edit.int_attr(created_op, "ring_id") is not None:
-                created_op.set_int_attr(program_edit.EMULATES, ring.ring_id)
-                if bucket is not None:
-                    created_op.set_int_attr(program_edit.BUCKET, bucket)
+                _carry_marks(op, created_op, ring)
         return result
 
 
@@ -129,13 +126,19 @@ def _on_group(context, op, ring, key, size):
         else:
             raise CompileError(f"no gloo sub-group lowering for {op.name()} on {ring.kind} ring {ring.ring_id}")
         result = paddle.cast(result, "float16") if widen else result
-    bucket = program_edit.int_attr(op, program_edit.BUCKET)
     for created_op in created:
         if created_op.name() in group_collectives.OP_NAMES:
-            created_op.set_int_attr(program_edit.EMULATES, ring.ring_id)
-            if bucket is not None:
-                created_op.set_int_attr(program_edit.BUCKET, bucket)
+            _carry_marks(op, created_op, ring)
     return result
+
+
+def _carry_marks(op, created_op, ring):
+    """What the checks and the report read off a collective, onto the op that now runs it: the ring
+    it stands for, and `op`'s bucket and PLACES marks."""
+    created_op.set_int_attr(program_edit.EMULATES, ring.ring_id)
+    for mark in (program_edit.BUCKET, program_edit.PLACES):
+        if op.has_attr(mark):
+            created_op.set_int_attr(mark, program_edit.int_attr(op, mark))
 
 
 def _is_fp16_sum(op):

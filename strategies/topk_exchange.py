@@ -54,11 +54,18 @@ the j-th ranks of all groups form ring `inter`, so each position j has its own c
     acc      = share + residual                 (residual: s elements, this rank's share of the node's unsent sum)
     v, i     = MSTopK(acc, k)                   k = ceil(density * s)
     V, I     = all_gather(v), all_gather(int32(i)) on inter: M*k pairs, node order
-    reduced  = all_gather(scatter_nd_add(zeros(s), I, V) * 1/W, intra), trimmed to n
+    V', I'   = all_gather(V), all_gather(I + j*s)    on intra: every member's M*k pairs, at its share's place
+    reduced  = scatter_nd_add(zeros(L*s), I', V') * 1/W, trimmed to n
     residual = acc with the sent entries zeroed
 
-Only the k pairs per rank cross nodes; a group of one rank skips its level (one node: no pairs
-cross; one rank per node: the one-level exchange). Error feedback holds over the job: W x (sum of
+Only the k pairs per rank cross nodes; inside the node the members hand each other the pairs they
+received instead of their dense shares (L*M*k pairs, not L*s elements). Each member's pairs land
+on its own share's elements only, so that all-gather moves values and sums nothing (it is marked
+program_edit.PLACES for the invariant that counts the ranks each gradient is summed over), and
+every element gets the same additions, in the same order, as when each member summed its share
+and the node all-gathered the dense shares. With warm-up the node's all-gather stays dense (the
+branch's two sides must hand over the same shape). A group of one rank skips its level (one node:
+no pairs cross; one rank per node: the one-level exchange). Error feedback holds over the job: W x (sum of
 the reduced gradients) + every rank's residual put back at its share's place == the sum of every
 rank's gradients. Warm-up's dense branch all-reduces the masked share on `inter`. On GPU these
 are the real collectives on their rings. On CPU gloo has one communicator per process (ring 0),
@@ -83,7 +90,7 @@ from typing import Optional
 import paddle
 from paddle.pir.core import create_persistable_value
 
-from fleetlite.compile import gradient_buckets
+from fleetlite.compile import gradient_buckets, program_edit
 from fleetlite.compression import mstopk_kernel, sparse_exchange, topk_select as topk
 from fleetlite.compile.report import human_bytes
 from fleetlite.errors import StrategyConflictError
@@ -304,8 +311,9 @@ class _Exchange:
             acc = flat if residual is None else paddle.add(flat, residual)
             if self.context.loss_scaling is not None:
                 acc = self._finite_or_zeros(acc, index)
+            node_pairs = size > 1 and self.step is None     # the node's sum from its members' pairs (module doc)
             if self.step is None:
-                outputs = self._sparse(acc, part, k, grad.name)
+                outputs = self._sparse(acc, part, k, grad.name, node_pairs)
             else:
                 warm = self.step < float(self.configs.warmup_steps)
                 outputs = paddle.static.nn.cond(warm, lambda: self._dense(acc, part, k),
@@ -313,16 +321,19 @@ class _Exchange:
             reduced = outputs[0]
             if residual is not None:
                 self._keep(residual, outputs[1])
-            if size > 1:
+            if size > 1 and not node_pairs:
                 reduced = paddle._C_ops.all_gather(reduced, self.levels.intra, size)
-                if part * size > numel:
-                    reduced = paddle.slice(reduced, [0], [0], [numel])
+            if size > 1 and part * size > numel:
+                reduced = paddle.slice(reduced, [0], [0], [numel])
             grad.synced = reduced if len(shape) == 1 else paddle.reshape(reduced, shape)
         value_bytes = 2 if self.fp16_wire else grad.grad.element_size()
         row = {"gradient": grad.name, "numel": numel, "k": k, "sent": k * size,
                "wire_bytes": k * (value_bytes + INDEX_BYTES) if self.ranks > 1 else 0, "dense_bytes": grad.nbytes}
-        if size > 1:   # a ring reduce-scatter and a ring all-gather each send (size - 1) shares per rank
-            row["intra_bytes"] = 2 * (size - 1) * part * grad.grad.element_size()
+        if size > 1:   # a ring reduce-scatter sends (size - 1) shares per rank, the node's all-gather (size - 1)
+            # shares too (warm-up) or the (size - 1) other members' pairs from across nodes
+            gathered = (self.ranks * k * (grad.grad.element_size() + INDEX_BYTES) if node_pairs
+                        else part * grad.grad.element_size())
+            row["intra_bytes"] = (size - 1) * (part * grad.grad.element_size() + gathered)
         return row
 
     def _finite_or_zeros(self, acc, index):
@@ -348,15 +359,33 @@ class _Exchange:
             flat = paddle.concat([flat, paddle.zeros([padded - numel], flat.dtype)])
         return paddle._C_ops.reduce_scatter(flat, self.levels.intra, self.levels.size)
 
-    def _sparse(self, flat, numel, k, name):
+    def _sparse(self, flat, numel, k, name, node_pairs=False):
+        """[the sum of the exchanged pairs (this share's, or with `node_pairs` the whole node's gradient),
+        scaled; with error feedback the unsent part of `flat`]."""
         values, indices = topk.mstopk(flat, k, self.configs.bisection_iterations, name=f"the gradient of {name}",
                                       implementation=sparse_exchange.selection(self.context))
-        summed, wire = sparse_exchange.gather_and_scatter_add(values, indices, numel, self.ring, self.ranks,
-                                                              "float16" if self.fp16_wire else None)
+        gathered, positions, wire = sparse_exchange.gather_pairs(values, indices, self.ring, self.ranks,
+                                                                 "float16" if self.fp16_wire else None)
+        if node_pairs:
+            gathered, positions = self._placed_in_node(gathered, positions, numel)
+        summed = sparse_exchange.scatter_add(gathered, positions, numel * (self.levels.size if node_pairs else 1))
         if not self.configs.error_feedback:
             return [self._scaled(summed)]
         sent = paddle.cast(wire, flat.dtype) if self.fp16_wire else values
         return [self._scaled(summed), paddle.scatter(flat, indices, values - sent, overwrite=True)]
+
+    def _placed_in_node(self, gathered, positions, share):
+        """Every member's pairs from across nodes, their positions moved to their share's place in the
+        node's gradient: all-gathered in the node, they land on elements no other member's touch, so
+        the all-gather moves values and sums nothing (program_edit.PLACES)."""
+        offset = (self.context.topology.rank % self.levels.size) * share
+        positions = paddle.add(positions, paddle.full([1], offset, "int32"))
+        placed = []
+        for part in (gathered, positions):
+            part = paddle._C_ops.all_gather(part, self.levels.intra, self.levels.size)
+            part.get_defining_op().set_int_attr(program_edit.PLACES, 1)
+            placed.append(part)
+        return placed
 
     def _dense(self, flat, numel, k):
         """Warm-up: an all-reduce of acc masked to its largest fraction d(step) (module doc)."""

@@ -150,9 +150,10 @@ ROW_MOVES = ("pd_op.cast", "pd_op.reshape", "pd_op.split_with_num", "builtin.spl
 
 
 def _gathered_over(value):
-    """The ring of the all_gather `value` comes from through ROW_MOVES, or None."""
+    """The ring of the all_gather `value` comes from through ROW_MOVES (and all-gathers that only
+    place rows, program_edit.PLACES), or None."""
     op = value.get_defining_op()
-    while op is not None and op.name() in ROW_MOVES:
+    while op is not None and (op.name() in ROW_MOVES or (op.name() in GATHERING and op.has_attr(program_edit.PLACES))):
         op = op.operand_source(0).get_defining_op()
     if op is None or op.name() not in GATHERING:
         return None

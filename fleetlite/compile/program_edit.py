@@ -19,6 +19,9 @@ from fleetlite.errors import CompileError
 PROVENANCE = "fleetlite_pass"
 BUCKET = "fleetlite_bucket"        # index of the gradient bucket a collective belongs to
 EMULATES = "fleetlite_emulates"    # ring id a ring-0 collective stands in for (gloo lowering)
+# On an all-gather: its rows land on elements no other row touches, so it moves values and sums
+# nothing (hierarchical top-k hands each member's share of pairs to the whole node).
+PLACES = "fleetlite_places"
 
 FORWARD, BACKWARD, OPTIMIZE = 0, 1, 2   # Paddle's op roles
 

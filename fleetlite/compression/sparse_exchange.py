@@ -2,8 +2,9 @@
 
 - `gather_pairs`: every rank's selected (values, indices) all-gathered on a ring, in rank order.
 - `gather_and_scatter_add`: every rank's selected (values, indices) all-gathered on a ring (ring 0
-  for the world) and added by index into a dense tensor. Each rank adds the gathered pairs in the
-  same (rank) order, so all ranks hold bit-identical sums; indices travel as int32.
+  for the world) and added by index into a dense tensor (`scatter_add`). Each rank adds the
+  gathered pairs in the same (rank) order, so all ranks hold bit-identical sums; indices travel
+  as int32.
 - `selection`: which MSTopK the program gets for its device.
 - `take_from_buckets`: the taken gradients leave data_parallel's buckets; the others stay dense.
 - `scaled`: the sum times the job's gradient scale (1/N with the default `avg`), as buckets do.
@@ -57,8 +58,12 @@ def gather_and_scatter_add(values, indices, numel, ring, ranks, wire_dtype=None)
     unscaled; the values as this rank put them on the wire). `wire_dtype` (e.g. float16) casts the
     values for the all-gather and back. A ring of one rank gathers nothing."""
     gathered, positions, wire = gather_pairs(values, indices, ring, ranks, wire_dtype)
-    summed = paddle.scatter_nd_add(paddle.zeros([numel], values.dtype), paddle.reshape(positions, [-1, 1]), gathered)
-    return summed, wire
+    return scatter_add(gathered, positions, numel), wire
+
+
+def scatter_add(values, positions, numel):
+    """A dense [numel] tensor: zeros plus each value at its int32 position, in the order given."""
+    return paddle.scatter_nd_add(paddle.zeros([numel], values.dtype), paddle.reshape(positions, [-1, 1]), values)
 
 
 def gather_pairs(values, indices, ring, ranks, wire_dtype=None):

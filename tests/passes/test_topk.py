@@ -38,6 +38,7 @@ ACCUMULATE = ["full_int_array", "reshape", "add"]                 # flattened gr
 CHECK_FINITE = ["isfinite", "all", "assign_out_", "builtin.combine", "assert"]
 EXACT_TOP_K = ["abs", "full", "topk", "full", "gather"]           # 2048 elements: the exact path
 GATHER = ["cast", "all_gather", "all_gather"]                     # values, then int32 indices
+PLACE_IN_NODE = ["full", "add", "all_gather", "all_gather"]       # indices moved to the share's place; values, indices
 SCATTER_ADD = ["full", "full_int_array", "reshape", "scatter_nd_add"]
 KEEP_UNSENT = ["subtract", "scatter"]
 SCALE = ["full", "scale_"]
@@ -170,28 +171,35 @@ def test_warm_up_branches_on_a_step_counter_and_runs_the_program_in_order():
     assert report.record("topk").summary.endswith("error feedback, 5 warm-up steps ramping from dense; 3 dense (1.4 KiB)")
 
 
-def test_hierarchical_on_gpu_reduce_scatters_in_the_node_gathers_pairs_across_nodes_and_gathers_the_node():
-    """Rank 9 of 4 nodes x 8: its share is 1/8 of linear_0.w_0 (256 of 2048), k = 13 pairs cross nodes."""
+def test_hierarchical_on_gpu_reduce_scatters_in_the_node_gathers_pairs_across_nodes_and_hands_them_to_the_node():
+    """Rank 9 of 4 nodes x 8: its share is 1/8 of linear_0.w_0 (256 of 2048), k = 13 pairs cross nodes; the
+    node's members then all-gather the 4 x 13 pairs each received (offset to their shares), not dense shares."""
     main, _, report = compile_mlp(GPU_32, **HIERARCHICAL)
     assert sequence(main, "topk") == (RESIDUAL + FINITE_FLAG + RESHAPE + ["reduce_scatter", "add"] + CHECK_FINITE
-                                      + EXACT_TOP_K + GATHER + SCATTER_ADD + SCALE + KEEP_UNSENT + WRITE_RESIDUAL
-                                      + ["all_gather"] + RESHAPE)
+                                      + EXACT_TOP_K + GATHER + PLACE_IN_NODE + SCATTER_ADD + SCALE + KEEP_UNSENT
+                                      + WRITE_RESIDUAL + RESHAPE)
     ops = [(name, ring, ranks) for name, ring, ranks, _ in collectives(main) if ring != 0]
-    assert ops == [("reduce_scatter", 1, 8), ("all_gather", 2, 4), ("all_gather", 2, 4), ("all_gather", 1, 8)]
+    assert ops == [("reduce_scatter", 1, 8), ("all_gather", 2, 4), ("all_gather", 2, 4), ("all_gather", 1, 8),
+                   ("all_gather", 1, 8)]
+    offset = next(op for op in main.global_block().ops if op.name() == "pd_op.add" and
+                  op.operand_source(0).dtype == paddle.int32).operand_source(1).get_defining_op()
+    assert offset.attrs()["value"] == 1 * 256                   # rank 9 is member 1 of its node: its share's place
+    placing = [op for op in main.global_block().ops if op.has_attr(program_edit.PLACES)]
+    assert [program_edit.int_attr(op, "ring_id") for op in placing] == [1, 1]
     rings = {r["ring"]: (r["kind"], r["members"]) for r in report.rings}
     assert rings[1] == ("intra", list(range(8, 16))) and rings[2] == ("inter", [1, 9, 17, 25])
     record = report.record("topk")
     assert record.summary == ("1 gradients as hierarchical top-k (4 nodes x 8 ranks; density 0.05078: 104 of 2048 "
                               "elements per node; between nodes 104 B per rank per step instead of 8.0 KiB, inside the "
-                              "node 14.0 KiB), error feedback; 3 dense (1.4 KiB)")
+                              "node 9.8 KiB), error feedback; 3 dense (1.4 KiB)")
     assert record.details["gradients"][0]["k"] == 13
     assert record.details["inter_node_bytes_per_step"] == 13 * 8
-    assert record.details["intra_node_bytes_per_step"] == 2 * 7 * 256 * 4
+    assert record.details["intra_node_bytes_per_step"] == 7 * (256 * 4 + 4 * 13 * 8)   # its share, 4 x 13 pairs
     assert record.details["hierarchical"] == {"ranks_per_node": 8, "nodes": 4, "intra_ring": 1, "inter_ring": 2}
     main, _, report = compile_mlp(GPU_32, fp16_allreduce=True, **HIERARCHICAL)
     gathers = [op for op in main.global_block().ops if op.name() == "pd_op.all_gather"]
     assert [(op.operand_source(0).dtype, program_edit.int_attr(op, "ring_id")) for op in gathers] == [
-        (paddle.float16, 2), (paddle.int32, 2), (paddle.float32, 1)]   # only the pairs' values travel as float16
+        (paddle.float16, 2), (paddle.int32, 2), (paddle.float32, 1), (paddle.int32, 1)]   # float16 between nodes only
     assert report.record("topk").details["inter_node_bytes_per_step"] == 13 * 6
 
 
@@ -200,7 +208,9 @@ def test_hierarchical_pads_the_gradient_to_a_multiple_of_the_node_size_and_trims
     ops = sequence(main, "topk")
     pad = ["full", "builtin.combine", "concat", "reduce_scatter"]
     assert ops[ops.index("reduce_scatter") - 3:ops.index("reduce_scatter") + 1] == pad
-    assert ops[-6:] == ["all_gather", "full_int_array", "full_int_array", "slice"] + RESHAPE
+    assert ops[-5:] == ["full_int_array", "full_int_array", "slice"] + RESHAPE
+    summed = next(op for op in main.global_block().ops if op.name() == "pd_op.scatter_nd_add").result(0)
+    assert summed.shape == [3 * 683]                 # the node's padded gradient, before the trim
     assert report.record("topk").details["gradients"][0]["k"] == 35          # ceil(0.05 * 683)
 
 
@@ -209,23 +219,27 @@ def test_hierarchical_on_cpu_runs_every_level_on_ring_0_emulating_the_node_and_c
     node all-gathers are world all-gathers keeping the group's rows (the gloo lowering)."""
     main, _, report = compile_mlp(CPU_4, **HIERARCHICAL)
     assert sequence(main, "topk") == (RESIDUAL + FINITE_FLAG + RESHAPE + ["add"] + CHECK_FINITE + EXACT_TOP_K
-                                      + ["cast"] + SCATTER_ADD + SCALE + KEEP_UNSENT + WRITE_RESIDUAL + RESHAPE)
+                                      + ["cast", "full", "add"] + SCATTER_ADD + SCALE + KEEP_UNSENT + WRITE_RESIDUAL
+                                      + RESHAPE)
     masked_second_slot = ["full", "full", "builtin.combine", "concat", "all_reduce_", "full_int_array",
                           "full_int_array", "slice"]
     own_share = ["full_int_array", "full_int_array", "slice"]
     members_rows = ["all_gather", "full_int_array", "reshape", "full", "split_with_num", "builtin.split", "full",
                     "builtin.combine", "concat", "full_int_array", "reshape"]
-    assert sequence(main, "gloo_lowering") == masked_second_slot + own_share + members_rows * 3
+    assert sequence(main, "gloo_lowering") == masked_second_slot + own_share + members_rows * 4
     assert collectives(main) == [("all_reduce_", 0, None, None),     # the dense bucket, then the node's sum
                                  ("all_reduce_", 0, None, 1), ("all_gather", 0, 4, 2), ("all_gather", 0, 4, 2),
-                                 ("all_gather", 0, 4, 1)]
+                                 ("all_gather", 0, 4, 1), ("all_gather", 0, 4, 1)]
+    placing = [op for op in main.global_block().ops if op.has_attr(program_edit.PLACES)]
+    assert [program_edit.int_attr(op, program_edit.EMULATES) for op in placing] == [1, 1]   # the mark survives
     assert report.record("topk").details["hierarchical"] == {"ranks_per_node": 2, "nodes": 2, "intra_ring": 1,
                                                              "inter_ring": 2}
 
 
 def test_hierarchical_on_cpu_runs_the_node_and_cross_node_levels_on_their_own_gloo_groups():
-    """Rank 3 of 2 nodes x 2: the node's reduce-scatter and all-gather on {2,3}, the pairs'
-    all-gathers between node leaders' positions on {1,3}; only the dense bucket stays on ring 0."""
+    """Rank 3 of 2 nodes x 2: the node's reduce-scatter and the all-gathers of the pairs it received on
+    {2,3}, the pairs' all-gathers between node leaders' positions on {1,3}; only the dense bucket stays
+    on ring 0."""
     main, _, report = compile_mlp(CPU_4, **HIERARCHICAL)
     assert [(op.name(), op.attrs().get("comm_key"), program_edit.int_attr(op, program_edit.EMULATES))
             for op in program_edit.walk(main.global_block()) if op.has_attr("ring_id")] == [
@@ -233,6 +247,7 @@ def test_hierarchical_on_cpu_runs_the_node_and_cross_node_levels_on_their_own_gl
         ("custom_op.fleetlite_group_reduce_scatter", "fleetlite/0/2.3", 1),
         ("custom_op.fleetlite_group_all_gather", "fleetlite/0/1.3", 2),
         ("custom_op.fleetlite_group_all_gather", "fleetlite/0/1.3", 2),
+        ("custom_op.fleetlite_group_all_gather", "fleetlite/0/2.3", 1),
         ("custom_op.fleetlite_group_all_gather", "fleetlite/0/2.3", 1)]
     assert report.record("gloo_lowering").details["communicators"] == [("fleetlite/0/2.3", [2, 3]),
                                                                        ("fleetlite/0/1.3", [1, 3])]
@@ -256,7 +271,7 @@ def test_with_hierarchical_all_reduce_the_dense_remainder_goes_two_level_and_top
     main, _, report = compile_mlp(GPU_32, use_hierarchical_allreduce=True, **HIERARCHICAL)
     assert [(name, ring) for name, ring, _, _ in collectives(main)] == [
         ("reduce_scatter", 3), ("all_reduce_", 4), ("all_gather", 3),
-        ("reduce_scatter", 1), ("all_gather", 2), ("all_gather", 2), ("all_gather", 1)]
+        ("reduce_scatter", 1), ("all_gather", 2), ("all_gather", 2), ("all_gather", 1), ("all_gather", 1)]
 
 
 def test_with_amp_top_k_selects_the_unscaled_gradient_and_writes_the_residual_after_the_agreed_overflow_flag():
