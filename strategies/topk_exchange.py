@@ -64,10 +64,14 @@ on its own share's elements only, so that all-gather moves values and sums nothi
 program_edit.PLACES for the invariant that counts the ranks each gradient is summed over), and
 every element gets the same additions, in the same order, as when each member summed its share
 and the node all-gathered the dense shares. With warm-up the node's all-gather stays dense (the
-branch's two sides must hand over the same shape). A group of one rank skips its level (one node:
-no pairs cross; one rank per node: the one-level exchange). Error feedback holds over the job: W x (sum of
-the reduced gradients) + every rank's residual put back at its share's place == the sum of every
-rank's gradients. Warm-up's dense branch all-reduces the masked share on `inter`. On GPU these
+branch's two sides must hand over the same shape). On CPU, where the compiled ops load (and with
+neither warm-up nor loss scaling), the share's selection with its error feedback and the node's
+sum are the bucket ops of the one-level exchange applied to the one share (select-with-residual
+in place; scatter of the node's pairs into a fresh buffer, scaled): the same pairs and the same
+sums, without Paddle's full passes and fresh tensors per op. A group of one rank skips its level
+(one node: no pairs cross; one rank per node: the one-level exchange). Error feedback holds over
+the job: W x (sum of the reduced gradients) + every rank's residual put back at its share's place
+== the sum of every rank's gradients. Warm-up's dense branch all-reduces the masked share on `inter`. On GPU these
 are the real collectives on their rings. On CPU gloo has one communicator per process (ring 0),
 and gloo_lowering rewrites them, inside branches too, into exact ring-0 equivalents: the
 reduce-scatter is a world sum of a buffer where each group fills its own slot (the others add
@@ -223,10 +227,15 @@ class TopkExchange(Pass):
 
 def bucket_refusal(context, configs, levels):
     """Why the taken gradients cannot go in buckets (fused selection and exchange), or None."""
+    if levels is not None and context.topology.device == "cpu":
+        return "hierarchical top-k exchanges each gradient on its node's rings"
+    return kernel_refusal(context, configs)
+
+
+def kernel_refusal(context, configs):
+    """Why the compiled selection and scatter ops cannot exchange the gradients, or None."""
     if context.topology.device != "cpu":
         return "the bucket kernels are CPU code"
-    if levels is not None:
-        return "hierarchical top-k exchanges each gradient on its node's rings"
     if configs.warmup_steps:
         return "warm-up branches per gradient"
     if context.loss_scaling is not None:
@@ -290,6 +299,9 @@ class _Exchange:
         self.context, self.configs, self.fp16_wire, self.step, self.levels = context, configs, fp16_wire, step, levels
         # the ring and ranks of the sparse exchange: the world, or one position's ranks across nodes
         self.ring, self.ranks = (0, context.topology.world_size) if levels is None else (levels.inter, levels.nodes)
+        # hierarchical on CPU: the node's share selected and summed by the compiled ops (one by one
+        # otherwise: the one-level exchange has its buckets, GPUs Paddle's ops)
+        self.kernels = levels is not None and kernel_refusal(context, configs) is None
 
     def emit(self, index):
         grad = self.context.gradients[index]
@@ -306,6 +318,12 @@ class _Exchange:
             flat = grad.grad if len(shape) == 1 else paddle.reshape(grad.grad, [-1])
             if size > 1:
                 flat = self._node_share(flat, numel, part * size)
+            if self.kernels:
+                reduced = self._node_sum_by_kernels(flat, residual, k, grad.name)
+                if part * size > numel:
+                    reduced = paddle.slice(reduced, [0], [0], [numel])
+                grad.synced = reduced if len(shape) == 1 else paddle.reshape(reduced, shape)
+                return self._row(grad, numel, part, k, size, True)
             if self.context.loss_scaling is not None:
                 flat = paddle.multiply(flat, paddle.reciprocal(self.context.loss_scaling.scale))
             acc = flat if residual is None else paddle.add(flat, residual)
@@ -326,6 +344,9 @@ class _Exchange:
             if size > 1 and part * size > numel:
                 reduced = paddle.slice(reduced, [0], [0], [numel])
             grad.synced = reduced if len(shape) == 1 else paddle.reshape(reduced, shape)
+        return self._row(grad, numel, part, k, size, node_pairs)
+
+    def _row(self, grad, numel, part, k, size, node_pairs):
         value_bytes = 2 if self.fp16_wire else grad.grad.element_size()
         row = {"gradient": grad.name, "numel": numel, "k": k, "sent": k * size,
                "wire_bytes": k * (value_bytes + INDEX_BYTES) if self.ranks > 1 else 0, "dense_bytes": grad.nbytes}
@@ -373,6 +394,23 @@ class _Exchange:
             return [self._scaled(summed)]
         sent = paddle.cast(wire, flat.dtype) if self.fp16_wire else values
         return [self._scaled(summed), paddle.scatter(flat, indices, values - sent, overwrite=True)]
+
+    def _node_sum_by_kernels(self, share, residual, k, name):
+        """The node's reduced gradient (padded) from this rank's `share`, as `_sparse` with node pairs
+        computes it, by the compiled ops: the selection adds the share into the residual in place
+        and leaves the unsent part there, the scatter writes the gathered pairs into a fresh buffer
+        (zeroed, each element's pairs added in gathered order, then scaled)."""
+        part = share.shape[0]
+        stride, target = topk.sampling(part, k)
+        values, indices = mstopk_kernel.select_bucket(
+            [share], [k], [stride], [target], self.configs.bisection_iterations, [name],
+            None if residual is None else [residual], self.fp16_wire)[:2]
+        gathered, positions, _ = sparse_exchange.gather_pairs(values, indices, self.ring, self.ranks,
+                                                              "float16" if self.fp16_wire else None)
+        gathered, positions = self._placed_in_node(gathered, positions, part)
+        scale = 1.0 if self.context.gradient_scale is None else self.context.gradient_scale
+        node = paddle.empty([part * self.levels.size], share.dtype)
+        return mstopk_kernel.scatter_bucket([node], gathered, positions, scale)[0]
 
     def _placed_in_node(self, gathered, positions, share):
         """Every member's pairs from across nodes, their positions moved to their share's place in the

@@ -216,11 +216,14 @@ def test_hierarchical_pads_the_gradient_to_a_multiple_of_the_node_size_and_trims
 
 def test_hierarchical_on_cpu_runs_every_level_on_ring_0_emulating_the_node_and_cross_node_rings(no_group_ops):
     """Rank 3 of 2 nodes x 2: the node's reduce-scatter is a masked world sum, the cross-node and
-    node all-gathers are world all-gathers keeping the group's rows (the gloo lowering)."""
+    node all-gathers are world all-gathers keeping the group's rows (the gloo lowering). The share is
+    selected and the node's pairs summed by the compiled bucket ops (GPUs: Paddle's ops, above)."""
     main, _, report = compile_mlp(CPU_4, **HIERARCHICAL)
-    assert sequence(main, "topk") == (RESIDUAL + FINITE_FLAG + RESHAPE + ["add"] + CHECK_FINITE + EXACT_TOP_K
-                                      + ["cast", "full", "add"] + SCATTER_ADD + SCALE + KEEP_UNSENT + WRITE_RESIDUAL
-                                      + RESHAPE)
+    assert sequence(main, "topk") == (RESIDUAL + RESHAPE + BUCKET_SELECT + ["full", "add"] + ["full_int_array", "empty"]
+                                      + BUCKET_SCATTER + RESHAPE)
+    node = next(op for op in main.global_block().ops if op.name() == "pd_op.empty").result(0)
+    scatter = next(op for op in main.global_block().ops if op.name() == BUCKET_SCATTER[1])
+    assert node.shape == [2048] and scatter.attrs()["scale"] == 0.25     # the node's whole gradient, 1/W
     masked_second_slot = ["full", "full", "builtin.combine", "concat", "all_reduce_", "full_int_array",
                           "full_int_array", "slice"]
     own_share = ["full_int_array", "full_int_array", "slice"]
