@@ -21,22 +21,17 @@ import paddle
 
 from fleetlite.compile import gradient_buckets, program_edit
 from fleetlite.compile.report import human_bytes
-from fleetlite.compile.pass_contract import Pass, PassResult, Phase
-from fleetlite.strategies.localsgd import (CONFLICTS, ParameterAverage, at_most, checked_optimizer, equals,
-                                           learning_rate, unique_name)
+from fleetlite.compile.pass_contract import PassResult
+from fleetlite.strategies.localsgd import (CONFLICTS, ParameterAverage, ParameterAveragingPass, at_most,
+                                           checked_optimizer, equals, learning_rate, unique_name)
 
 MIN_K, MAX_K = 1, 16
 
 
-class AdaptiveLocalSgd(Pass):
+class AdaptiveLocalSgd(ParameterAveragingPass):
     name = "adaptive_localsgd"
-    decides_without_program = True
-    phase = Phase.UPDATE_REWRITE
     conflicts = CONFLICTS
     reads = ("adaptive_localsgd", "adaptive_localsgd_configs.init_k_steps", "adaptive_localsgd_configs.begin_step")
-
-    def applicable(self, topology, program):
-        return "one rank: there is nothing to average" if topology.world_size == 1 else None
 
     def apply(self, context):
         checked_optimizer(context.optimizer, self.name)

@@ -114,15 +114,20 @@ def equals(value, other):
     return paddle.equal(value, other if not isinstance(other, int) else paddle.full([1], other, "int64"))
 
 
-class LocalSgd(Pass):
-    name = "localsgd"
+class ParameterAveragingPass(Pass):
+    """What localsgd and adaptive_localsgd share: they rewrite the update to average the parameters
+    now and then, which one rank has no use for."""
     decides_without_program = True
     phase = Phase.UPDATE_REWRITE
-    conflicts = {**CONFLICTS, "adaptive_localsgd": "both set the local SGD period (a fixed or an adaptive k)"}
-    reads = ("localsgd", "localsgd_configs.k_steps", "localsgd_configs.begin_step")
 
     def applicable(self, topology, program):
         return "one rank: there is nothing to average" if topology.world_size == 1 else None
+
+
+class LocalSgd(ParameterAveragingPass):
+    name = "localsgd"
+    conflicts = {**CONFLICTS, "adaptive_localsgd": "both set the local SGD period (a fixed or an adaptive k)"}
+    reads = ("localsgd", "localsgd_configs.k_steps", "localsgd_configs.begin_step")
 
     def apply(self, context):
         checked_optimizer(context.optimizer, self.name)

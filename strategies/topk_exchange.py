@@ -71,8 +71,8 @@ in place; scatter of the node's pairs into a fresh buffer, scaled): the same pai
 sums, without Paddle's full passes and fresh tensors per op. A group of one rank skips its level
 (one node: no pairs cross; one rank per node: the one-level exchange). Error feedback holds over
 the job: W x (sum of the reduced gradients) + every rank's residual put back at its share's place
-== the sum of every rank's gradients. Warm-up's dense branch all-reduces the masked share on `inter`. On GPU these
-are the real collectives on their rings. On CPU gloo has one communicator per process (ring 0),
+== the sum of every rank's gradients. Warm-up's dense branch all-reduces the masked share on
+`inter`. On GPU these are the real collectives on their rings. On CPU gloo has one communicator per process (ring 0),
 and gloo_lowering rewrites them, inside branches too, into exact ring-0 equivalents: the
 reduce-scatter is a world sum of a buffer where each group fills its own slot (the others add
 zeros) and each rank keeps its share; an all-gather on `inter` or `intra` is a world all-gather
@@ -254,6 +254,23 @@ def _in_a_bucket(context, grad):
     return producer.id() in {op.id() for op in context.block.ops} and not grad.grad.all_used_ops()
 
 
+def _kernel_pairs(configs, fp16_wire, tensors, ks, names, residuals, ring, ranks):
+    """Every rank's top-k pairs of `tensors` on `ring` (`ranks` ranks), each tensor's ks[i] largest
+    chosen by one compiled op (with `residuals`: error feedback in place, see mstopk_select.cc),
+    int32 offsets into the tensors laid end to end."""
+    strides, targets = zip(*(topk.sampling(math.prod(t.shape), k) for t, k in zip(tensors, ks)))
+    values, indices = mstopk_kernel.select_bucket(tensors, ks, list(strides), list(targets),
+                                                  configs.bisection_iterations, names, residuals, fp16_wire)[:2]
+    gathered, positions, _ = sparse_exchange.gather_pairs(values, indices, ring, ranks,
+                                                          "float16" if fp16_wire else None)
+    return gathered, positions
+
+
+def _scale_factor(context):
+    """The job's gradient scale as the scatter op's factor (1 with scale_strategy sum)."""
+    return 1.0 if context.gradient_scale is None else context.gradient_scale
+
+
 class _BucketExchange:
     """Builds one bucket's exchange: each gradient's top-k in one op, one all-gather of the bucket's pairs,
     and one op that overwrites each gradient with its reduced value (see the module doc)."""
@@ -266,8 +283,6 @@ class _BucketExchange:
         grads = [context.gradients[i] for i in members]
         numels = [math.prod(g.grad.shape) for g in grads]
         ks = [fraction_sent(configs.density, n) for n in numels]
-        strides, targets = zip(*(topk.sampling(n, k) for n, k in zip(numels, ks)))
-        names = [g.name for g in grads]
         residuals = None
         if configs.error_feedback:
             with context.edit():
@@ -277,14 +292,10 @@ class _BucketExchange:
         last = max((g.grad.get_defining_op() for g in grads), key=gradient_buckets.position_in(context.block))
         world = context.topology.world_size
         with context.edit(after=last):
-            values, indices = mstopk_kernel.select_bucket(
-                [g.grad for g in grads], ks, list(strides), list(targets), configs.bisection_iterations, names,
-                residuals, self.fp16_wire)[:2]
-            gathered, positions, _ = sparse_exchange.gather_pairs(values, indices, 0, world,
-                                                                   "float16" if self.fp16_wire else None)
-            scale = 1.0 if context.gradient_scale is None else context.gradient_scale
+            gathered, positions = _kernel_pairs(configs, self.fp16_wire, [g.grad for g in grads], ks,
+                                                [g.name for g in grads], residuals, 0, world)
             for grad, reduced in zip(grads, mstopk_kernel.scatter_bucket([g.grad for g in grads], gathered,
-                                                                         positions, scale)):
+                                                                         positions, _scale_factor(context))):
                 grad.synced = reduced
         value_bytes = 2 if self.fp16_wire else grads[0].grad.element_size()
         return [{"gradient": g.name, "numel": n, "k": k, "sent": k, "dense_bytes": g.nbytes,
@@ -314,37 +325,40 @@ class _Exchange:
             with self.context.edit():
                 residual = create_persistable_value(grad.grad.dtype, [part], grad.name + RESIDUAL_SUFFIX,
                                                     initializer=paddle.nn.initializer.Constant(0.0))
+        # the node's sum from its members' pairs, not its dense shares (module doc); not with warm-up
+        node_pairs = size > 1 and self.step is None
         with self.context.edit(after=grad.grad.get_defining_op()):
             flat = grad.grad if len(shape) == 1 else paddle.reshape(grad.grad, [-1])
             if size > 1:
                 flat = self._node_share(flat, numel, part * size)
             if self.kernels:
                 reduced = self._node_sum_by_kernels(flat, residual, k, grad.name)
-                if part * size > numel:
-                    reduced = paddle.slice(reduced, [0], [0], [numel])
-                grad.synced = reduced if len(shape) == 1 else paddle.reshape(reduced, shape)
-                return self._row(grad, numel, part, k, size, True)
-            if self.context.loss_scaling is not None:
-                flat = paddle.multiply(flat, paddle.reciprocal(self.context.loss_scaling.scale))
-            acc = flat if residual is None else paddle.add(flat, residual)
-            if self.context.loss_scaling is not None:
-                acc = self._finite_or_zeros(acc, index)
-            node_pairs = size > 1 and self.step is None     # the node's sum from its members' pairs (module doc)
-            if self.step is None:
-                outputs = self._sparse(acc, part, k, grad.name, node_pairs)
             else:
-                warm = self.step < float(self.configs.warmup_steps)
-                outputs = paddle.static.nn.cond(warm, lambda: self._dense(acc, part, k),
-                                                lambda: self._sparse(acc, part, k, grad.name))
-            reduced = outputs[0]
-            if residual is not None:
-                self._keep(residual, outputs[1])
-            if size > 1 and not node_pairs:
-                reduced = paddle._C_ops.all_gather(reduced, self.levels.intra, size)
+                reduced = self._exchanged_by_ops(flat, residual, part, k, index, grad.name, node_pairs)
             if size > 1 and part * size > numel:
                 reduced = paddle.slice(reduced, [0], [0], [numel])
             grad.synced = reduced if len(shape) == 1 else paddle.reshape(reduced, shape)
         return self._row(grad, numel, part, k, size, node_pairs)
+
+    def _exchanged_by_ops(self, flat, residual, part, k, index, name, node_pairs):
+        """This rank's reduced gradient (hierarchical: the node's, padded) by Paddle's ops, warm-up's
+        branch and loss scaling's unscale and overflow flag included; writes the residual."""
+        if self.context.loss_scaling is not None:
+            flat = paddle.multiply(flat, paddle.reciprocal(self.context.loss_scaling.scale))
+        acc = flat if residual is None else paddle.add(flat, residual)
+        if self.context.loss_scaling is not None:
+            acc = self._finite_or_zeros(acc, index)
+        if self.step is None:
+            outputs = self._sparse(acc, part, k, name, node_pairs)
+        else:
+            warm = self.step < float(self.configs.warmup_steps)
+            outputs = paddle.static.nn.cond(warm, lambda: self._dense(acc, part, k),
+                                            lambda: self._sparse(acc, part, k, name))
+        if residual is not None:
+            self._keep(residual, outputs[1])
+        if self.levels is not None and self.levels.size > 1 and not node_pairs:
+            return paddle._C_ops.all_gather(outputs[0], self.levels.intra, self.levels.size)
+        return outputs[0]
 
     def _row(self, grad, numel, part, k, size, node_pairs):
         value_bytes = 2 if self.fp16_wire else grad.grad.element_size()
@@ -401,16 +415,12 @@ class _Exchange:
         and leaves the unsent part there, the scatter writes the gathered pairs into a fresh buffer
         (zeroed, each element's pairs added in gathered order, then scaled)."""
         part = share.shape[0]
-        stride, target = topk.sampling(part, k)
-        values, indices = mstopk_kernel.select_bucket(
-            [share], [k], [stride], [target], self.configs.bisection_iterations, [name],
-            None if residual is None else [residual], self.fp16_wire)[:2]
-        gathered, positions, _ = sparse_exchange.gather_pairs(values, indices, self.ring, self.ranks,
-                                                              "float16" if self.fp16_wire else None)
-        gathered, positions = self._placed_in_node(gathered, positions, part)
-        scale = 1.0 if self.context.gradient_scale is None else self.context.gradient_scale
+        gathered, positions = _kernel_pairs(self.configs, self.fp16_wire, [share], [k], [name],
+                                            None if residual is None else [residual], self.ring, self.ranks)
+        if self.levels.size > 1:       # one rank per node: the pairs are already the whole gradient's
+            gathered, positions = self._placed_in_node(gathered, positions, part)
         node = paddle.empty([part * self.levels.size], share.dtype)
-        return mstopk_kernel.scatter_bucket([node], gathered, positions, scale)[0]
+        return mstopk_kernel.scatter_bucket([node], gathered, positions, _scale_factor(self.context))[0]
 
     def _placed_in_node(self, gathered, positions, share):
         """Every member's pairs from across nodes, their positions moved to their share's place in the

@@ -13,6 +13,7 @@ lost a peer can do nothing more); the scheduler's own `--kill-on-bad-exit` then 
 fleetrun's workers do not watch: fleetrun supervises them and reports the root cause itself.
 """
 import atexit
+import contextlib
 import os
 import sys
 import threading
@@ -93,10 +94,8 @@ class RankWatch:
         if self._finished:
             return
         self._finished = True
-        try:
+        with contextlib.suppress(OSError):     # the store already ended with rank 0: nobody is left to tell
             self._store.set(f"{DONE_PREFIX}{self.rank}", b"1")
             if self.rank == 0:
                 self._thread.join(FINISH_WAIT_S)
-        except OSError:     # the store already ended with rank 0: nobody is left to tell
-            pass
         self._store.close()

@@ -214,6 +214,16 @@ def test_hierarchical_pads_the_gradient_to_a_multiple_of_the_node_size_and_trims
     assert report.record("topk").details["gradients"][0]["k"] == 35          # ceil(0.05 * 683)
 
 
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_hierarchical_with_one_rank_per_node_is_the_one_level_exchange(device):
+    """No node level: the pairs cross nodes and are summed, nothing is handed around in a node (the
+    compile's own check counts every gradient summed over the 2 ranks once)."""
+    main, _, report = compile_mlp(Topology.grid(2, 2, rank=1, device=device), **HIERARCHICAL)
+    assert [name for name, *_ in collectives(main)] == ["all_reduce_", "all_gather", "all_gather"]
+    assert not [op for op in main.global_block().ops if op.has_attr(program_edit.PLACES)]
+    assert report.record("topk").details["hierarchical"]["ranks_per_node"] == 1
+
+
 def test_hierarchical_on_cpu_runs_every_level_on_ring_0_emulating_the_node_and_cross_node_rings(no_group_ops):
     """Rank 3 of 2 nodes x 2: the node's reduce-scatter is a masked world sum, the cross-node and
     node all-gathers are world all-gathers keeping the group's rows (the gloo lowering). The share is
