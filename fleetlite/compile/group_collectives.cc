@@ -9,8 +9,8 @@
 //   fleetlite_group_all_gather(X) -> Out          the members' X stacked along axis 0
 //   fleetlite_group_broadcast(X) -> Out           the X of group member `root`
 //   fleetlite_group_reduce_scatter(X) -> Out      this member's 1/nranks (axis 0) of the group's
-//                                                 sum (gloo's context has no reduce-scatter:
-//                                                 a group all-reduce, then the slice)
+//                                                 sum, by a ring of point-to-point steps (gloo's
+//                                                 context has no reduce-scatter; see RingReduceScatter)
 // Each carries an int attribute named `ring_id` (always 0): Paddle's executor treats an op with
 // that attribute as a communication op and keeps it in program order with the others (without
 // it, independent ones ran concurrently and gloo failed).
@@ -66,13 +66,35 @@ std::vector<paddle::Tensor> Broadcast(const paddle::Tensor& x, const std::string
   return {out};
 }
 
+// Chunk `chunk` of x's rows, sharing x's memory.
+paddle::Tensor Rows(const paddle::Tensor& x, int64_t chunk, int64_t rows) {
+  return x.slice(chunk * rows, (chunk + 1) * rows);
+}
+
+// A ring reduce-scatter, nranks - 1 steps: at step s member r sends its partial sum of chunk
+// r - s - 1 (mod nranks; at step 0 its own rows of X) to member r + 1, receives member r - 1's
+// partial sum of chunk r - s - 2 and adds its own rows of that chunk; after the last step it holds
+// chunk r summed over the group. Each member sends (nranks - 1) chunks and adds as many: half of
+// what an all-reduce then a slice sends and adds. Send and Recv each wait for the peer, so even
+// members send first and odd ones receive first: no cycle of members all waiting to send.
 std::vector<paddle::Tensor> ReduceScatter(const paddle::Tensor& x, const std::string& comm_key, int nranks, int) {
   auto* comm = Comm(comm_key, nranks);
   PD_CHECK(x.shape()[0] % nranks == 0, "reduce_scatter: ", x.shape()[0], " rows do not split into ", nranks);
-  auto sum = paddle::empty(x.shape(), x.dtype(), x.place());
-  comm->AllReduce(Dense(sum), *Dense(x), kSum);
-  int64_t rows = x.shape()[0] / nranks, rank = comm->GetRank();
-  return {sum.slice(rank * rows, (rank + 1) * rows).copy_to(x.place(), true)};
+  const int64_t rows = x.shape()[0] / nranks, rank = comm->GetRank();
+  const int next = (rank + 1) % nranks, previous = (rank + nranks - 1) % nranks;
+  if (nranks == 1) return {x.copy_to(x.place(), true)};
+  auto shape = x.shape();
+  shape[0] = rows;
+  auto received = paddle::empty(shape, x.dtype(), x.place());
+  paddle::Tensor partial = Rows(x, previous, rows);
+  for (int64_t step = 0; step + 1 < nranks; ++step) {
+    const int64_t chunk = (rank - step - 2 + 2 * nranks) % nranks;
+    if (rank % 2 == 0) comm->Send(*Dense(partial), next, step);
+    comm->Recv(Dense(received), previous, step);
+    if (rank % 2 != 0) comm->Send(*Dense(partial), next, step);
+    partial = paddle::experimental::add(Rows(x, chunk, rows), received);
+  }
+  return {partial};
 }
 
 std::vector<std::vector<int64_t>> SameShape(const std::vector<int64_t>& x) { return {x}; }

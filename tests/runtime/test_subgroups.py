@@ -3,7 +3,8 @@
 One job (workers/subgroups_worker.py) trains the digits MLP flat, with hierarchical all-reduce,
 with it on two flat rings and with nccl_comm_num = 2: every variant runs its rings as
 fleetlite's compiled sub-group ops on communicators of their own and ends with the flat run's
-parameters (1e-6). The same job shows the eager trap and that fleetlite closes it.
+parameters (1e-6). The compiled ring reduce-scatter, called on 2 and 4 members, leaves each its
+rows of the sum. The same job shows the eager trap and that fleetlite closes it.
 """
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from fleetlite.compile import group_collectives
 from support.multiprocess import run_job
+from workers.subgroups_worker import own_rows
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "subgroups_worker.py"
 WORLD_SUM, NODE_SUMS = 1111.0, {0: 11.0, 1: 11.0, 2: 1100.0, 3: 1100.0}
@@ -43,6 +45,17 @@ def test_each_rank_joins_its_node_and_cross_node_groups_under_their_own_keys(ran
             [f"fleetlite/0/{node[0]}.{node[1]}", node], [f"fleetlite/0/{cross[0]}.{cross[1]}", cross]]
         assert result["held"] == sorted({f"fleetlite/{channel}/{'.'.join(map(str, group))}"
                                          for channel in (0, 1) for group in (node, cross)} | {"fleetlite/1/0.1.2.3"})
+
+
+@pytest.mark.parametrize("members", [2, 4])
+def test_the_ring_reduce_scatter_leaves_each_member_its_rows_of_the_groups_sum(ranks, members):
+    for rank, result in enumerate(ranks):
+        group = [r for r in range(4) if r // 2 == rank // 2] if members == 2 else [0, 1, 2, 3]
+        total = sum(own_rows(r).astype("float64") for r in group)
+        rows = 8 // members
+        position = group.index(rank)
+        np.testing.assert_allclose(result["reduce_scatter"][str(members)], total[position * rows:(position + 1) * rows],
+                                   rtol=1e-6, err_msg=f"rank {rank}")
 
 
 def test_an_eager_sub_group_collective_no_longer_rebinds_the_static_world_sum(ranks):

@@ -4,7 +4,8 @@
    reduce-scatter, inter-node all-reduce, intra-node all-gather on their own communicators),
    with it on two flat rings, and with nccl_comm_num = 2: final parameters, the communicators
    the compile report lists and the ones this process holds.
-2. The eager trap: an eager paddle._C_ops all-reduce on an integer ring over this rank's node,
+2. The compiled reduce-scatter called eagerly over a node (2 members) and over 4 members.
+3. The eager trap: an eager paddle._C_ops all-reduce on an integer ring over this rank's node,
    then a static ring-0 all-reduce, run once through Paddle's own Executor.run (the trap: the
    node's sum) and once through fleetlite's (ring 0 bound back: the world's sum).
 Rank r contributes 10**r to the sums, so each sum shows which ranks took part.
@@ -18,6 +19,7 @@ from paddle.base import core
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fleetlite as fleet  # noqa: E402
+from fleetlite.compile import group_collectives  # noqa: E402
 from fleetlite.runtime import process_group, subgroups  # noqa: E402
 from support.multiprocess import write_result  # noqa: E402
 from support import models  # noqa: E402
@@ -74,12 +76,32 @@ def eager_then_static():
     return {"eager": eager, "paddles_run": float(paddles_own[0]), "fleetlite_run": float(fleetlites[0])}
 
 
+def own_rows(rank):
+    """What `rank` hands a reduce-scatter: 8 x 3, different on every rank."""
+    return (np.arange(24, dtype="float32").reshape(8, 3) + 1) * (rank + 1) + 0.25 * rank
+
+
+def reduce_scatters():
+    """This rank's share of the compiled reduce-scatter (a ring of point-to-point steps) over its
+    node (2 members) and over the world's copy on channel 1 (4 members), called eagerly."""
+    rank = fleet.worker_index()
+    node = [r for r in range(4) if r // 2 == rank // 2]
+    shares = {}
+    with process_group.dynamic_mode():
+        for members in (node, [0, 1, 2, 3]):
+            key = group_collectives.comm_key(0 if len(members) == 2 else 1, members)
+            share = group_collectives.reduce_scatter(paddle.to_tensor(own_rows(rank)), key, len(members))
+            shares[len(members)] = share.numpy().tolist()
+    return shares
+
+
 def main():
     paddle.enable_static()
     fleet.init(is_collective=True)
     x_all, y_all = models.digits(BATCH * STEPS)
     results = {name: train(fields, x_all, y_all) for name, fields in STRATEGIES.items()}
     results["held"] = sorted(subgroups.created())
+    results["reduce_scatter"] = reduce_scatters()
     results["trap"] = eager_then_static()
     write_result(results)
 
