@@ -101,8 +101,9 @@ def check_spec(spec):
     return _devices(spec)
 
 
-def _worker_defaults(local_size, cpu):
-    """Environment defaults; inherited values win over these.
+def worker_defaults(local_size, cpu):
+    """Environment defaults; inherited values win over these (benchmarks of fleetlite's exchanges
+    run their workers under them too, so they time what fleetrun runs).
 
     Paddle's C++ INFO lines (store and executor start-up) would flood every log, so only its
     warnings and errors are kept. On CPU, Paddle's OpenMP spins a core for 200 ms after each
@@ -146,7 +147,7 @@ def plan_workers(spec, port, environ, attempt=0):
             error_file = os.path.join(records, f"rank{rank}.error.json")
             progress_file = os.path.join(records, f"rank{rank}.progress")
             steps_file = os.path.join(records, f"rank{rank}.steps.json")
-            defaults = _worker_defaults(local_size, cpu=device_id is None)
+            defaults = worker_defaults(local_size, cpu=device_id is None)
             contract = env_contract.worker_env(topology, spec.job_id, attempt, error_file, progress_file, steps_file,
                                                step_events=spec.timeline is not None)
             slots.append(WorkerSlot(

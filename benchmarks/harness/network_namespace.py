@@ -84,9 +84,9 @@ class NetworkNamespace:
 
 
 @contextlib.contextmanager
-def isolated_groups(contenders, world, rate=None):
+def isolated_groups(contenders, world, rate=None, extra_env=None):
     """Yield [(WorkerGroup, NetworkNamespace)] for `contenders` [(name, worker argv)], each group in a
-    namespace of its own, its loopback shaped to `rate` if given; all stopped and deleted on exit,
+    namespace of its own, its loopback shaped to `rate` if given, `extra_env` in its workers' environment; all stopped and deleted on exit,
     a SIGTERM included (a SIGKILL leaves them to `remove_stale` at the next start)."""
     started = []
     previous = signal.signal(signal.SIGTERM, _exit_on_terminate)
@@ -97,7 +97,7 @@ def isolated_groups(contenders, world, rate=None):
             started.append((None, namespace))
             if rate:
                 namespace.shape(rate)
-            started[-1] = (WorkerGroup(name, argv, world=world, wrap=namespace.command), namespace)
+            started[-1] = (WorkerGroup(name, argv, world=world, extra_env=extra_env, wrap=namespace.command), namespace)
         yield started
     finally:
         for group, namespace in started:

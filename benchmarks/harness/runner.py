@@ -39,9 +39,9 @@ class WorkerGroup:
         self.processes = []
         for rank in range(world):
             topology = Topology.grid(world, rank=rank, base_port=port)
-            env = dict(os.environ, **worker_env(topology), OMP_NUM_THREADS="1",
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                       WORLD_SIZE=str(world), GLOG_minloglevel="2", PYTHONUNBUFFERED="1", **(extra_env or {}))
+            env = {**os.environ, **worker_env(topology), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world), "GLOG_minloglevel": "2",
+                   "PYTHONUNBUFFERED": "1", **(extra_env or {})}
             command = [sys.executable, "-m", *argv]
             self.processes.append(subprocess.Popen(
                 wrap(command) if wrap else command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

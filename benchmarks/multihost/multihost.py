@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.harness import namespace_cluster
+from fleetlite.launcher.plan import worker_defaults
 from fleetlite.topology.env_contract import worker_env
 from fleetlite.topology.topology import Topology
 from benchmarks.harness.runner import WorkerGroup, publish_skipped
@@ -96,7 +97,7 @@ def faults(cluster, folder):
 class ClusterWorkers(WorkerGroup):
     """A WorkerGroup whose ranks run in the cluster's hosts, `per_host` each, ranks contiguous per
     host, endpoints at the hosts' addresses (bound by gloo on eth0) from `port` on (groups that
-    run side by side need ports `per_host` apart)."""
+    run side by side need ports `per_host` apart), in fleetrun's CPU environment."""
 
     def __init__(self, name, argv, cluster, per_host, timeout=600, port=WORKER_PORT):
         self.name, self.timeout, self.processes = name, timeout, []
@@ -106,8 +107,9 @@ class ClusterWorkers(WorkerGroup):
             topology = Topology(rank=rank, world_size=len(endpoints), local_rank=rank % per_host,
                                 local_size=per_host, node_rank=rank // per_host, node_count=len(hosts),
                                 endpoints=endpoints)
-            env = dict(clean_environment(), **worker_env(topology), OMP_NUM_THREADS="1", GLOG_minloglevel="2",
-                       PYTHONUNBUFFERED="1", GLOO_SOCKET_IFNAME=namespace_cluster.HOST_INTERFACE)
+            env = {**clean_environment(), **worker_defaults(per_host, cpu=True), **worker_env(topology),
+                   "OMP_NUM_THREADS": "1", "GLOG_minloglevel": "2", "PYTHONUNBUFFERED": "1",
+                   "GLOO_SOCKET_IFNAME": namespace_cluster.HOST_INTERFACE}
             self.processes.append(cluster.popen(hosts[rank // per_host].name, [sys.executable, "-m", *argv], cwd=ROOT,
                                                 env=env, stdin=-1, stdout=-1, stderr=-3, text=True))
         self.ask({"op": "ready"})

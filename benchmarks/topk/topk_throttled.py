@@ -8,7 +8,8 @@ topk_contenders.EXCHANGES; default dense and top-k at 0.1, 0.01, 0.001) trains a
 in a network namespace of its own whose loopback is shaped to that rate (`unshaped`: loopback at
 full speed). The exchanges of one rate run interleaved, round after round (harness protocol); a
 sample is the slowest rank's step, after a barrier. Shaping `lo` puts both directions on one link
-of the rate (network_namespace). Per rate the ratios give dense / this step time for each exchange
+of the rate (network_namespace). The workers run in fleetrun's CPU environment
+(launcher/plan.py's worker_defaults: glibc's malloc tunables, KMP_BLOCKTIME=0). Per rate the ratios give dense / this step time for each exchange
 and, per family of exchanges swept over densities (topk_contenders), the largest density at which
 it is faster than dense. `--cpu-time` samples each step's CPU time instead (the slowest rank's
 process, all threads): what each exchange costs in computation, the part of top-k's step its
@@ -21,6 +22,7 @@ from collections import defaultdict
 from benchmarks.harness import network_namespace
 from benchmarks.harness.runner import LoadCheck, print_table, protocol_parser, publish, publish_skipped, run_interleaved
 from benchmarks.topk.topk_contenders import exchange
+from fleetlite.launcher.plan import worker_defaults
 
 WORLD = 2
 UNSHAPED = "unshaped"
@@ -32,7 +34,8 @@ def measure_rate(rate, names, args):
     clock = "cpu" if args.cpu_time else "wall"
     contenders = [(name, ["benchmarks.topk.topk_exchange_worker", exchange(name).name, args.layers, str(args.batch),
                           clock]) for name in names]
-    with network_namespace.isolated_groups(contenders, WORLD, None if rate == UNSHAPED else rate) as started:
+    with network_namespace.isolated_groups(contenders, WORLD, None if rate == UNSHAPED else rate,
+                                           worker_defaults(WORLD, cpu=True)) as started:
         groups = [group for group, _ in started]
         load = LoadCheck([p.pid for g in groups for p in g.processes])
         medians = run_interleaved(groups, args.rounds, args.warmup, args.reps)
