@@ -65,10 +65,13 @@ program_edit.PLACES for the invariant that counts the ranks each gradient is sum
 every element gets the same additions, in the same order, as when each member summed its share
 and the node all-gathered the dense shares. With warm-up the node's all-gather stays dense (the
 branch's two sides must hand over the same shape). On CPU, where the compiled ops load (and with
-neither warm-up nor loss scaling), the share's selection with its error feedback and the node's
-sum are the bucket ops of the one-level exchange applied to the one share (select-with-residual
-in place; scatter of the node's pairs into a fresh buffer, scaled): the same pairs and the same
-sums, without Paddle's full passes and fresh tensors per op. A group of one rank skips its level
+neither warm-up nor loss scaling), the taken gradients go in the one-level exchange's buckets and
+each bucket is exchanged once (`_Exchange.emit_node_bucket`): the gradients' padded rows side by
+side (member j's chunk holds share j of each), one reduce-scatter in the node, one bucket
+selection of every share (its own k, the residual in place), the pairs' all-gathers across nodes
+and in the node, one scatter of the node's pairs into a fresh buffer (scaled), cut back into the
+gradients: the same pairs and the same sums, five collectives per bucket instead of per gradient
+(a gradient that cannot join a bucket is a bucket of one). A group of one rank skips its level
 (one node: no pairs cross; one rank per node: the one-level exchange). Error feedback holds over
 the job: W x (sum of the reduced gradients) + every rank's residual put back at its share's place
 == the sum of every rank's gradients. Warm-up's dense branch all-reduces the masked share on
@@ -175,11 +178,15 @@ class TopkExchange(Pass):
             context.runtime_flags[IN_ORDER] = True
         levels = Levels.register(self.strategy, context.topology, context.rings) if configs.hierarchical else None
         exchange = _Exchange(context, configs, self.strategy.fp16_allreduce, step, levels)
-        refusal = bucket_refusal(context, configs, levels)
+        refusal = bucket_refusal(context, configs)
         buckets, refusal = ([], refusal) if refusal else self._buckets(context, taken)
         rows = {}
         for number, bucket in enumerate(buckets):
-            for i, row in zip(bucket, _BucketExchange(context, configs, self.strategy.fp16_allreduce).emit(bucket)):
+            if levels is None or levels.size == 1:
+                emitted = _BucketExchange(context, configs, self.strategy.fp16_allreduce).emit(bucket)
+            else:
+                emitted = exchange.emit_node_bucket(bucket, _last_made(context, bucket))
+            for i, row in zip(bucket, emitted):
                 rows[i] = {**row, "bucket": number}
         rows.update((i, exchange.emit(i)) for i in taken if i not in rows)
         return self._result(context, configs, [rows[i] for i in taken], levels, len(buckets), refusal)
@@ -209,7 +216,8 @@ class TopkExchange(Pass):
             how = (f"{len(rows)} gradients as top-k{layout} ({selected}; {human_bytes(sparse_bytes)} per rank per "
                    f"step instead of {human_bytes(taken_dense_bytes)})")
         else:
-            how = (f"{len(rows)} gradients as hierarchical top-k ({levels.nodes} nodes x {levels.size} ranks; "
+            layout = f" in {buckets} buckets" if buckets else ""
+            how = (f"{len(rows)} gradients as hierarchical top-k{layout} ({levels.nodes} nodes x {levels.size} ranks; "
                    f"{selected} per node; between nodes {human_bytes(sparse_bytes)} per rank per step instead of "
                    f"{human_bytes(taken_dense_bytes)}, inside the node {human_bytes(intra_bytes)})")
         if refusal and context.topology.device == "cpu":    # on GPUs one by one is the design, not a fallback
@@ -225,15 +233,9 @@ class TopkExchange(Pass):
                           details)
 
 
-def bucket_refusal(context, configs, levels):
-    """Why the taken gradients cannot go in buckets (fused selection and exchange), or None."""
-    if levels is not None and context.topology.device == "cpu":
-        return "hierarchical top-k exchanges each gradient on its node's rings"
-    return kernel_refusal(context, configs)
-
-
-def kernel_refusal(context, configs):
-    """Why the compiled selection and scatter ops cannot exchange the gradients, or None."""
+def bucket_refusal(context, configs):
+    """Why the compiled selection and scatter ops cannot exchange the taken gradients (in buckets,
+    or hierarchical one by one), or None."""
     if context.topology.device != "cpu":
         return "the bucket kernels are CPU code"
     if configs.warmup_steps:
@@ -245,6 +247,23 @@ def kernel_refusal(context, configs):
         return "Paddle's N-step plan (execution_strategy.num_iteration_per_run) cannot feed the residuals to its op"
     error = mstopk_kernel.load_error()
     return f"the bucket kernels cannot be built here ({error})" if error else None
+
+
+def _residuals(context, configs, grads, sizes):
+    """With error feedback, each gradient's residual (`sizes` elements, zeros at the start; persistable,
+    named after the gradient); None without."""
+    if not configs.error_feedback:
+        return None
+    with context.edit():
+        return [create_persistable_value(g.grad.dtype, [size], g.name + RESIDUAL_SUFFIX,
+                                         initializer=paddle.nn.initializer.Constant(0.0))
+                for g, size in zip(grads, sizes)]
+
+
+def _last_made(context, members):
+    """The op that makes the last of the gradients `members` (a bucket's exchange goes right after it)."""
+    return max((context.gradients[i].grad.get_defining_op() for i in members),
+               key=gradient_buckets.position_in(context.block))
 
 
 def _in_a_bucket(context, grad):
@@ -283,15 +302,9 @@ class _BucketExchange:
         grads = [context.gradients[i] for i in members]
         numels = [math.prod(g.grad.shape) for g in grads]
         ks = [fraction_sent(configs.density, n) for n in numels]
-        residuals = None
-        if configs.error_feedback:
-            with context.edit():
-                residuals = [create_persistable_value(g.grad.dtype, [n], g.name + RESIDUAL_SUFFIX,
-                                                      initializer=paddle.nn.initializer.Constant(0.0))
-                             for g, n in zip(grads, numels)]
-        last = max((g.grad.get_defining_op() for g in grads), key=gradient_buckets.position_in(context.block))
+        residuals = _residuals(context, configs, grads, numels)
         world = context.topology.world_size
-        with context.edit(after=last):
+        with context.edit(after=_last_made(context, members)):
             gathered, positions = _kernel_pairs(configs, self.fp16_wire, [g.grad for g in grads], ks,
                                                 [g.name for g in grads], residuals, 0, world)
             for grad, reduced in zip(grads, mstopk_kernel.scatter_bucket([g.grad for g in grads], gathered,
@@ -312,33 +325,76 @@ class _Exchange:
         self.ring, self.ranks = (0, context.topology.world_size) if levels is None else (levels.inter, levels.nodes)
         # hierarchical on CPU: the node's share selected and summed by the compiled ops (one by one
         # otherwise: the one-level exchange has its buckets, GPUs Paddle's ops)
-        self.kernels = levels is not None and kernel_refusal(context, configs) is None
+        self.kernels = levels is not None and bucket_refusal(context, configs) is None
 
     def emit(self, index):
         grad = self.context.gradients[index]
-        shape, numel = list(grad.grad.shape), math.prod(grad.grad.shape)
+        if self.kernels:        # a gradient that cannot join a bucket: a bucket of one
+            return self.emit_node_bucket([index], grad.grad.get_defining_op())[0]
+        numel = math.prod(grad.grad.shape)
         size = 1 if self.levels is None else self.levels.size
         part = -(-numel // size)          # this rank's share: all of it, or 1/size of the padded gradient
         k = fraction_sent(self.configs.density, part)
-        residual = None
-        if self.configs.error_feedback:
-            with self.context.edit():
-                residual = create_persistable_value(grad.grad.dtype, [part], grad.name + RESIDUAL_SUFFIX,
-                                                    initializer=paddle.nn.initializer.Constant(0.0))
+        residual = (_residuals(self.context, self.configs, [grad], [part]) or [None])[0]
         # the node's sum from its members' pairs, not its dense shares (module doc); not with warm-up
         node_pairs = size > 1 and self.step is None
         with self.context.edit(after=grad.grad.get_defining_op()):
-            flat = grad.grad if len(shape) == 1 else paddle.reshape(grad.grad, [-1])
+            flat = self._flat(grad, numel, part * size)
             if size > 1:
-                flat = self._node_share(flat, numel, part * size)
-            if self.kernels:
-                reduced = self._node_sum_by_kernels(flat, residual, k, grad.name)
-            else:
-                reduced = self._exchanged_by_ops(flat, residual, part, k, index, grad.name, node_pairs)
-            if size > 1 and part * size > numel:
-                reduced = paddle.slice(reduced, [0], [0], [numel])
-            grad.synced = reduced if len(shape) == 1 else paddle.reshape(reduced, shape)
+                flat = paddle._C_ops.reduce_scatter(flat, self.levels.intra, size)
+            reduced = self._exchanged_by_ops(flat, residual, part, k, index, grad.name, node_pairs)
+            self._synced(grad, reduced, numel, part * size)
         return self._row(grad, numel, part, k, size, node_pairs)
+
+    def emit_node_bucket(self, members, after):
+        """Hierarchical top-k of the gradients `members` on CPU's compiled ops, right after `after`: one
+        reduce-scatter in the node of the gradients' padded rows laid side by side (member j's chunk
+        holds share j of each), one selection of every gradient's share (its own k, error feedback in
+        place), the pairs across nodes and then in the node, one scatter into the node's buffer, cut
+        back into the gradients. The same pairs and sums as gradient by gradient; 5 collectives per
+        bucket instead of per gradient."""
+        context, size = self.context, self.levels.size
+        grads = [context.gradients[i] for i in members]
+        numels = [math.prod(g.grad.shape) for g in grads]
+        parts = [-(-n // size) for n in numels]
+        ks = [fraction_sent(self.configs.density, part) for part in parts]
+        residuals = _residuals(context, self.configs, grads, parts)
+        share = sum(parts)
+        with context.edit(after=after):
+            rows = [self._flat(g, n, part * size) for g, n, part in zip(grads, numels, parts)]
+            if len(rows) > 1:
+                rows = [paddle.reshape(paddle.concat([paddle.reshape(row, [size, part])
+                                                      for row, part in zip(rows, parts)], axis=1), [-1])]
+            if size > 1:
+                rows = [paddle._C_ops.reduce_scatter(rows[0], self.levels.intra, size)]
+            shares = paddle.split(rows[0], parts) if len(parts) > 1 else rows
+            gathered, positions = _kernel_pairs(self.configs, self.fp16_wire, shares, ks, [g.name for g in grads],
+                                                residuals, self.ring, self.ranks)
+            if size > 1:       # one rank per node: the pairs are already the whole gradients'
+                gathered, positions = self._placed_in_node(gathered, positions, share)
+            node = paddle.empty([share * size], grads[0].grad.dtype)
+            node = mstopk_kernel.scatter_bucket([node], gathered, positions, _scale_factor(context))[0]
+            pieces = [node] if len(parts) == 1 else [
+                paddle.reshape(piece, [-1]) for piece in paddle.split(paddle.reshape(node, [size, share]), parts, axis=1)]
+            for grad, numel, part, piece in zip(grads, numels, parts, pieces):
+                self._synced(grad, piece, numel, part * size)
+        return [self._row(g, n, part, k, size, size > 1) for g, n, part, k in zip(grads, numels, parts, ks)]
+
+    @staticmethod
+    def _flat(grad, numel, padded):
+        """The gradient as one row, zero-padded to `padded` elements."""
+        flat = grad.grad if len(grad.grad.shape) == 1 else paddle.reshape(grad.grad, [-1])
+        if padded > numel:
+            flat = paddle.concat([flat, paddle.zeros([padded - numel], flat.dtype)])
+        return flat
+
+    @staticmethod
+    def _synced(grad, reduced, numel, padded):
+        """Hand the optimizer `reduced` (one row of `padded` elements) trimmed and in the gradient's shape."""
+        if padded > numel:
+            reduced = paddle.slice(reduced, [0], [0], [numel])
+        shape = list(grad.grad.shape)
+        grad.synced = reduced if len(shape) == 1 else paddle.reshape(reduced, shape)
 
     def _exchanged_by_ops(self, flat, residual, part, k, index, name, node_pairs):
         """This rank's reduced gradient (hierarchical: the node's, padded) by Paddle's ops, warm-up's
@@ -388,12 +444,6 @@ class _Exchange:
             lambda found_inf: paddle.assign(paddle.where(paddle.expand(found_inf, residual.shape), residual, unsent),
                                             output=residual))
 
-    def _node_share(self, flat, numel, padded):
-        """This rank's 1/size of its node group's sum of `flat`, zero-padded to `padded` elements."""
-        if padded > numel:
-            flat = paddle.concat([flat, paddle.zeros([padded - numel], flat.dtype)])
-        return paddle._C_ops.reduce_scatter(flat, self.levels.intra, self.levels.size)
-
     def _sparse(self, flat, numel, k, name, node_pairs=False):
         """[the sum of the exchanged pairs (this share's, or with `node_pairs` the whole node's gradient),
         scaled; with error feedback the unsent part of `flat`]."""
@@ -408,19 +458,6 @@ class _Exchange:
             return [self._scaled(summed)]
         sent = paddle.cast(wire, flat.dtype) if self.fp16_wire else values
         return [self._scaled(summed), paddle.scatter(flat, indices, values - sent, overwrite=True)]
-
-    def _node_sum_by_kernels(self, share, residual, k, name):
-        """The node's reduced gradient (padded) from this rank's `share`, as `_sparse` with node pairs
-        computes it, by the compiled ops: the selection adds the share into the residual in place
-        and leaves the unsent part there, the scatter writes the gathered pairs into a fresh buffer
-        (zeroed, each element's pairs added in gathered order, then scaled)."""
-        part = share.shape[0]
-        gathered, positions = _kernel_pairs(self.configs, self.fp16_wire, [share], [k], [name],
-                                            None if residual is None else [residual], self.ring, self.ranks)
-        if self.levels.size > 1:       # one rank per node: the pairs are already the whole gradient's
-            gathered, positions = self._placed_in_node(gathered, positions, part)
-        node = paddle.empty([part * self.levels.size], share.dtype)
-        return mstopk_kernel.scatter_bucket([node], gathered, positions, _scale_factor(self.context))[0]
 
     def _placed_in_node(self, gathered, positions, share):
         """Every member's pairs from across nodes, their positions moved to their share's place in the

@@ -86,8 +86,9 @@ class NetworkNamespace:
 @contextlib.contextmanager
 def isolated_groups(contenders, world, rate=None, extra_env=None):
     """Yield [(WorkerGroup, NetworkNamespace)] for `contenders` [(name, worker argv)], each group in a
-    namespace of its own, its loopback shaped to `rate` if given, `extra_env` in its workers' environment; all stopped and deleted on exit,
-    a SIGTERM included (a SIGKILL leaves them to `remove_stale` at the next start)."""
+    namespace of its own, its loopback shaped to `rate` if given, `extra_env` in its workers'
+    environment; all stopped and deleted on exit, a SIGTERM included (a SIGKILL leaves them to
+    `remove_stale` at the next start)."""
     started = []
     previous = signal.signal(signal.SIGTERM, _exit_on_terminate)
     try:

@@ -201,7 +201,12 @@ PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                     break
             if pid is None:
                 raise RuntimeError(f"rank {rank} never trained: {''.join(lines)[-2000:]}")
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                rest, _ = job.communicate(timeout=timeout)
+                raise RuntimeError(f"rank {rank} (pid {pid}) had ended before it was to be killed: "
+                                   f"{(''.join(lines) + rest)[-3000:]}") from None
             killed = time.monotonic()
             rest, _ = job.communicate(timeout=timeout)
             return time.monotonic() - killed, "".join(lines) + rest

@@ -10,7 +10,7 @@
 //   fleetlite_group_broadcast(X) -> Out           the X of group member `root`
 //   fleetlite_group_reduce_scatter(X) -> Out      this member's 1/nranks (axis 0) of the group's
 //                                                 sum, by a ring of point-to-point steps (gloo's
-//                                                 context has no reduce-scatter; see RingReduceScatter)
+//                                                 context has no reduce-scatter; see ReduceScatter)
 // Each carries an int attribute named `ring_id` (always 0): Paddle's executor treats an op with
 // that attribute as a communication op and keeps it in program order with the others (without
 // it, independent ones ran concurrently and gloo failed).

@@ -266,6 +266,20 @@ def test_hierarchical_on_cpu_runs_the_node_and_cross_node_levels_on_their_own_gl
                                                                        ("fleetlite/0/1.3", [1, 3])]
 
 
+def test_hierarchical_on_cpu_exchanges_a_bucket_of_gradients_with_one_reduce_scatter_and_four_all_gathers():
+    """Rank 3 of 2 nodes x 2, two taken gradients in one bucket: their padded rows side by side, one
+    reduce-scatter in the node, one selection, the pairs' all-gathers across nodes and in the node
+    once for both, one scatter into the node's buffer, cut back into the two gradients."""
+    main, _, report = compile_mlp(CPU_4, topk_configs={**HIERARCHICAL["topk_configs"], "min_numel": 300})
+    names = [op.name() for op in program_edit.walk(main.global_block()) if op.has_attr("ring_id")]
+    assert names == ["pd_op.all_reduce_", "custom_op.fleetlite_group_reduce_scatter"] + [
+        "custom_op.fleetlite_group_all_gather"] * 4
+    assert [op.name() for op in main.global_block().ops].count(BUCKET_SCATTER[1]) == 1
+    record = report.record("topk")
+    assert record.summary.startswith("2 gradients as hierarchical top-k in 1 buckets (2 nodes x 2 ranks;")
+    assert [row["bucket"] for row in record.details["gradients"]] == [0, 0]
+
+
 def test_hierarchical_warm_up_lowers_the_cross_node_all_reduce_inside_its_branch(no_group_ops):
     main, _, _ = compile_mlp(CPU_4, topk_configs={**HIERARCHICAL["topk_configs"], "warmup_steps": 3})
     branch = next(op for op in main.global_block().ops if op.name() == "pd_op.if"
@@ -550,6 +564,7 @@ def test_each_hierarchical_step_equals_the_numpy_reference(request, job):
     details = ranks[0][case]["topk"]
     assert details["achieved_density"] == pytest.approx(2 * (96 + 15) / (19200 + 3000))   # k of each half
     assert details["hierarchical"]["nodes"] == world // size
+    assert details["buckets"] == 1 and [row["bucket"] for row in details["gradients"]] == [0, 0]   # one exchange
     for name in TAKEN:
         for step in range(STEPS):
             raw, before, after, reduced = step_values(ranks, case, step, name)
