@@ -323,8 +323,8 @@ class _Exchange:
         self.context, self.configs, self.fp16_wire, self.step, self.levels = context, configs, fp16_wire, step, levels
         # the ring and ranks of the sparse exchange: the world, or one position's ranks across nodes
         self.ring, self.ranks = (0, context.topology.world_size) if levels is None else (levels.inter, levels.nodes)
-        # hierarchical on CPU: the node's share selected and summed by the compiled ops (one by one
-        # otherwise: the one-level exchange has its buckets, GPUs Paddle's ops)
+        # hierarchical on CPU with the compiled ops: a gradient that cannot join a bucket goes as a
+        # bucket of one (emit_node_bucket); otherwise (GPUs, warm-up, loss scaling) Paddle's ops
         self.kernels = levels is not None and bucket_refusal(context, configs) is None
 
     def emit(self, index):
@@ -370,7 +370,7 @@ class _Exchange:
             shares = paddle.split(rows[0], parts) if len(parts) > 1 else rows
             gathered, positions = _kernel_pairs(self.configs, self.fp16_wire, shares, ks, [g.name for g in grads],
                                                 residuals, self.ring, self.ranks)
-            if size > 1:       # one rank per node: the pairs are already the whole gradients'
+            if size > 1:       # (with one rank per node the pairs are already the whole gradients')
                 gathered, positions = self._placed_in_node(gathered, positions, share)
             node = paddle.empty([share * size], grads[0].grad.dtype)
             node = mstopk_kernel.scatter_bucket([node], gathered, positions, _scale_factor(context))[0]

@@ -10,11 +10,12 @@ full speed). The exchanges of one rate run interleaved, round after round (harne
 sample is the slowest rank's step, after a barrier. Shaping `lo` puts both directions on one link
 of the rate (network_namespace). The workers run in fleetrun's CPU environment
 (launcher/plan.py's worker_defaults: glibc's malloc tunables, KMP_BLOCKTIME=0). Per rate the
-ratios give dense / this step time for each exchange and, per family of exchanges swept over densities (topk_contenders), the largest density at which
-it is faster than dense. `--cpu-time` samples each step's CPU time instead (the slowest rank's
-process, all threads): what each exchange costs in computation, the part of top-k's step its
-selection, error feedback and scatter make, measurable on a loaded machine where wall times are
-not. Where namespaces or tc cannot be used, it says why and exits cleanly.
+ratios give dense / this step time for each exchange and, per family of exchanges swept over
+densities (topk_contenders), the largest density at which it is faster than dense. `--cpu-time`
+samples each step's CPU time instead (the slowest rank's process, all threads): what each
+exchange costs in computation, the part of top-k's step its selection, error feedback and
+scatter make, measurable on a loaded machine where wall times are not. Where namespaces or tc
+cannot be used, it says why and exits cleanly.
 """
 import statistics
 from collections import defaultdict

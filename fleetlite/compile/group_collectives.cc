@@ -80,9 +80,9 @@ paddle::Tensor Rows(const paddle::Tensor& x, int64_t chunk, int64_t rows) {
 std::vector<paddle::Tensor> ReduceScatter(const paddle::Tensor& x, const std::string& comm_key, int nranks, int) {
   auto* comm = Comm(comm_key, nranks);
   PD_CHECK(x.shape()[0] % nranks == 0, "reduce_scatter: ", x.shape()[0], " rows do not split into ", nranks);
+  if (nranks == 1) return {x.copy_to(x.place(), true)};
   const int64_t rows = x.shape()[0] / nranks, rank = comm->GetRank();
   const int next = (rank + 1) % nranks, previous = (rank + nranks - 1) % nranks;
-  if (nranks == 1) return {x.copy_to(x.place(), true)};
   auto shape = x.shape();
   shape[0] = rows;
   auto received = paddle::empty(shape, x.dtype(), x.place());
